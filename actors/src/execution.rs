@@ -1,0 +1,116 @@
+//! What a caller asks a session to run and what comes back: requests, streamed events and
+//! the final result (the `session.execute` result of SPEC.md §2).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use pyvisor_protocol::{ErrorInfo, ResultValue};
+
+/// One piece of code to run in a session.
+#[derive(Debug, Clone)]
+pub struct ExecuteRequest {
+    /// Python source to run in the session namespace.
+    pub code: String,
+    /// Wall-clock limit; the session's `timeout` limit when `None`.
+    pub timeout: Option<Duration>,
+    /// Whether `input()` is forwarded to the caller (otherwise it raises `EOFError`).
+    pub input: bool,
+    /// Wait behind a running execution (`true`) or fail with "session busy" (`false`).
+    pub queue: bool,
+}
+
+impl ExecuteRequest {
+    /// A request with the session defaults: queued, no input forwarding.
+    pub fn new(code: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            timeout: None,
+            input: false,
+            queue: true,
+        }
+    }
+
+    /// Sets a wall-clock limit for this execution.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Forwards `input()` calls to the caller as [`ExecutionEvent::InputRequest`].
+    pub fn with_input(mut self) -> Self {
+        self.input = true;
+        self
+    }
+
+    /// Fails with "session busy" instead of waiting behind a running execution.
+    pub fn no_queue(mut self) -> Self {
+        self.queue = false;
+        self
+    }
+}
+
+impl From<&str> for ExecuteRequest {
+    fn from(code: &str) -> Self {
+        ExecuteRequest::new(code)
+    }
+}
+
+impl From<String> for ExecuteRequest {
+    fn from(code: String) -> Self {
+        ExecuteRequest::new(code)
+    }
+}
+
+/// Which of the worker's output streams a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// Rich output: one MIME bundle entry (`data` is base64 for binary types).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DisplayData {
+    pub mime: String,
+    pub data: String,
+}
+
+/// Something that happened during an execution, in the order it happened.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecutionEvent {
+    /// Text written to fd 1 or 2 by the code, C extensions or child processes.
+    Output { stream: OutputStream, data: String },
+    /// The code waits in `input()`; answer with the session's `send_input`.
+    InputRequest { prompt: String, password: bool },
+    /// Rich output from `display()` or a matplotlib figure.
+    Display(DisplayData),
+    /// The execution is over; always the last event.
+    Finished(Box<ExecutionResult>),
+}
+
+/// How an execution ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionStatus {
+    Ok,
+    Error,
+    Timeout,
+    Interrupted,
+    Crashed,
+}
+
+/// The outcome of one execution (the `session.execute` result of SPEC.md §2).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExecutionResult {
+    pub execution_id: String,
+    pub execution_count: u64,
+    pub status: ExecutionStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub result: Option<ResultValue>,
+    pub display: Vec<DisplayData>,
+    pub error: Option<ErrorInfo>,
+    pub duration_ms: f64,
+}
