@@ -1,0 +1,267 @@
+//! Whole-system latency figures for the README, measured against this machine's own floor
+//! in the same run: a bare Rust host driving a minimal length-prefixed Python loop over
+//! pipes. Every figure is reported for both placements of host and worker (same core,
+//! different cores), as medians and p99.
+//!
+//! Run: `cargo bench -p pyvisor --bench session` (set `PYVISOR_BENCH_QUICK=1` for a short
+//! run).
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use nix::sched::{sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
+use pyvisor::{Engine, EngineConfig, ExecuteRequest, ExecutionEvent, Session};
+
+/// The floor: read a frame, `exec(compile(code))`, reply. Nothing else.
+const FLOOR_LOOP: &str = r#"
+import os, struct
+ns = {}
+while True:
+    header = os.read(0, 4)
+    if not header:
+        break
+    code = os.read(0, struct.unpack('>I', header)[0])
+    exec(compile(code, '<x>', 'exec'), ns)
+    os.write(1, b'\x00\x00\x00\x02ok')
+"#;
+
+#[derive(Clone, Copy, Debug)]
+enum Placement {
+    SameCore,
+    CrossCore,
+}
+
+impl Placement {
+    fn name(self) -> &'static str {
+        match self {
+            Placement::SameCore => "same core",
+            Placement::CrossCore => "cross core",
+        }
+    }
+
+    fn worker_cpu(self) -> usize {
+        match self {
+            Placement::SameCore => 0,
+            Placement::CrossCore => 1,
+        }
+    }
+}
+
+fn pin(pid: u32, cpu: usize) {
+    let mut set = CpuSet::new();
+    set.set(cpu).expect("cpu index in range");
+    sched_setaffinity(Pid::from_raw(pid as i32), &set).expect("pin to cpu");
+}
+
+/// p50 and p99 of `samples`, in microseconds.
+fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
+    (at(0.50), at(0.99))
+}
+
+fn report(name: &str, placement: Placement, samples: Vec<Duration>) -> f64 {
+    let (p50, p99) = percentiles(samples);
+    println!(
+        "{name:<44} {:<10} p50 {p50:>9.1} µs   p99 {p99:>9.1} µs",
+        placement.name()
+    );
+    p50
+}
+
+fn real_python() -> String {
+    let out = Command::new("python3")
+        .args(["-I", "-c", "import sys; sys.stdout.write(sys.executable)"])
+        .output()
+        .expect("python3 runs");
+    String::from_utf8(out.stdout).expect("utf-8 path")
+}
+
+fn floor_round_trips(python: &str, placement: Placement, n: usize) -> Vec<Duration> {
+    let mut child = Command::new(python)
+        .args(["-I", "-u", "-c", FLOOR_LOOP])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python starts");
+    pin(child.id(), placement.worker_cpu());
+    let mut to = child.stdin.take().unwrap();
+    let mut from = child.stdout.take().unwrap();
+    let code = b"x = 1";
+    let mut frame = (code.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(code);
+    let mut reply = [0u8; 6];
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let start = Instant::now();
+        to.write_all(&frame).unwrap();
+        from.read_exact(&mut reply).unwrap();
+        if i >= n / 10 {
+            samples.push(start.elapsed());
+        }
+    }
+    drop(to);
+    child.wait().unwrap();
+    samples
+}
+
+async fn session_on(engine: &Engine, placement: Placement) -> Session {
+    let session = engine.create_session(Default::default()).await.unwrap();
+    pin(session.pid(), placement.worker_cpu());
+    session.run("import time").await.unwrap();
+    session
+}
+
+async fn session_round_trips(session: &Session, n: usize) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let start = Instant::now();
+        session.run("x = 1").await.unwrap();
+        if i >= n / 10 {
+            samples.push(start.elapsed());
+        }
+    }
+    samples
+}
+
+/// Executions per second on one session with many executions queued.
+async fn throughput(session: &Session, n: usize) -> f64 {
+    let start = Instant::now();
+    let mut in_flight = futures::stream::FuturesOrdered::new();
+    for _ in 0..n {
+        in_flight.push_back(async {
+            session
+                .execute("x = 1")
+                .await
+                .unwrap()
+                .result()
+                .await
+                .unwrap()
+        });
+        if in_flight.len() >= 256 {
+            in_flight.next().await;
+        }
+    }
+    while in_flight.next().await.is_some() {}
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Delay from `print` in the worker to the chunk reaching the caller (wall clock).
+async fn first_chunk_latency(session: &Session, n: usize) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut execution = session
+            .execute("print(time.time_ns())\ntime.sleep(0.002)")
+            .await
+            .unwrap();
+        while let Some(event) = execution.next().await {
+            if let ExecutionEvent::Output { data, .. } = event {
+                let received = now_ns();
+                let written: u128 = data.trim().parse().unwrap();
+                samples.push(Duration::from_nanos(received.saturating_sub(written) as u64));
+            }
+        }
+    }
+    samples
+}
+
+/// Host → worker → host round trip of one `input()` answer, seen from the caller.
+async fn input_round_trips(session: &Session, n: usize) -> Vec<Duration> {
+    let code = format!("for _ in range({n}):\n    input()");
+    let mut execution = session
+        .execute(ExecuteRequest::new(code).with_input())
+        .await
+        .unwrap();
+    let id = execution.id().to_owned();
+    let mut samples = Vec::with_capacity(n);
+    let mut answered_at: Option<Instant> = None;
+    while let Some(event) = execution.next().await {
+        if let ExecutionEvent::InputRequest { .. } = event {
+            if let Some(at) = answered_at {
+                samples.push(at.elapsed());
+            }
+            answered_at = Some(Instant::now());
+            session.send_input(&id, Some(String::new())).await.unwrap();
+        }
+    }
+    samples
+}
+
+/// Cold spawn: a new session with a fresh interpreter, until it has said hello.
+async fn cold_spawns(engine: &Engine, n: usize) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        let session = engine.create_session(Default::default()).await.unwrap();
+        samples.push(start.elapsed());
+        session.close().await.unwrap();
+    }
+    samples
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        println!("session: bench");
+        return;
+    }
+    let quick = std::env::var_os("PYVISOR_BENCH_QUICK").is_some();
+    let n = if quick { 500 } else { 5000 };
+    // The host (this thread and every engine thread created after this) runs on CPU 0.
+    pin(0, 0);
+    let python = real_python();
+    let engine = Engine::start(EngineConfig::default()).await.unwrap();
+    println!("pyvisor session benchmarks, {n} samples each (host pinned to CPU 0)\n");
+    for placement in [Placement::SameCore, Placement::CrossCore] {
+        let floor = report(
+            "floor: bare host + exec loop, `x = 1`",
+            placement,
+            floor_round_trips(&python, placement, n),
+        );
+        let session = session_on(&engine, placement).await;
+        let api = report(
+            "Session::run(\"x = 1\") round trip",
+            placement,
+            session_round_trips(&session, n).await,
+        );
+        println!(
+            "{:<44} {:<10} {:.2}x the floor",
+            "  ratio",
+            placement.name(),
+            api / floor
+        );
+        let rate = throughput(&session, n * 4).await;
+        println!(
+            "{:<44} {:<10} {rate:>9.0} executions/s",
+            "throughput, one session",
+            placement.name()
+        );
+        report(
+            "first streamed chunk after print",
+            placement,
+            first_chunk_latency(&session, n / 10).await,
+        );
+        report(
+            "input() round trip",
+            placement,
+            input_round_trips(&session, n).await,
+        );
+        session.close().await.unwrap();
+        println!();
+    }
+    report(
+        "cold spawn to ready (create_session)",
+        Placement::SameCore,
+        cold_spawns(&engine, if quick { 10 } else { 50 }).await,
+    );
+}

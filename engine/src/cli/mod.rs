@@ -1,0 +1,31 @@
+//! Command-line parsing and dispatch; each command lives in its own module.
+
+mod exec;
+
+use clap::{Parser, Subcommand};
+
+pub use exec::ExecArgs;
+
+/// Exit status for usage and configuration errors (SPEC.md §1).
+pub const EXIT_USAGE: u8 = 2;
+
+/// Supervise persistent Python sessions.
+#[derive(Debug, Parser)]
+#[command(name = "pyvisor", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run Python code and stream its output.
+    Exec(ExecArgs),
+}
+
+/// Runs the parsed command and returns the process exit status.
+pub async fn run(cli: Cli) -> u8 {
+    match cli.command {
+        Command::Exec(args) => exec::run(args).await,
+    }
+}

@@ -1,0 +1,54 @@
+//! Settings of an embedded engine, with the defaults of SPEC.md §1.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pyvisor_actors::SessionLimits;
+use pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES;
+
+/// How an [`crate::Engine`] runs its workers.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Python interpreter: a name on `PATH` or a path. Resolved once to the real binary.
+    pub python: String,
+    /// Default limits of every session.
+    pub limits: SessionLimits,
+    /// Where the worker script is installed; `$XDG_CACHE_HOME/pyvisor` when `None`.
+    pub cache_dir: Option<PathBuf>,
+    /// How long a new worker may take to become ready.
+    pub handshake_timeout: Duration,
+    /// Largest protocol frame accepted from a worker.
+    pub max_frame_bytes: usize,
+    /// Threads that host session actors.
+    pub arbiters: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            python: "python3".into(),
+            limits: SessionLimits::default(),
+            cache_dir: None,
+            handshake_timeout: Duration::from_secs(10),
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            arbiters: std::thread::available_parallelism()
+                .map(|n| n.get().min(4))
+                .unwrap_or(1),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The cache directory in force: the configured one or the XDG default.
+    pub fn cache_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.cache_dir {
+            return dir.clone();
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+            .unwrap_or_else(std::env::temp_dir);
+        base.join("pyvisor")
+    }
+}

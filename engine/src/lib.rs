@@ -1,0 +1,33 @@
+//! pyvisor: supervise pools of persistent Python sessions.
+//!
+//! Start an [`Engine`], create a [`Session`], and run code in it: the namespace persists
+//! between executions, output streams as it is printed, `input()` is answered by the caller,
+//! and interrupts and timeouts really stop the code. The engine runs its actors on threads it
+//! owns, so it works from any async runtime; dropping the last `Engine` handle ends every
+//! worker.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), pyvisor::EngineError> {
+//! let engine = pyvisor::Engine::start(pyvisor::EngineConfig::default()).await?;
+//! let session = engine.create_session(Default::default()).await?;
+//! session.run("x = 20").await?;
+//! let result = session.run("x * 2 + 2").await?;
+//! assert_eq!(result.result.unwrap().repr, "42");
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+mod engine;
+pub mod errors;
+mod session;
+
+pub use config::EngineConfig;
+pub use engine::Engine;
+pub use errors::EngineError;
+pub use pyvisor_actors::session::{SessionPhase, SessionSnapshot};
+pub use pyvisor_actors::supervisor::SessionOptions;
+pub use pyvisor_actors::{
+    DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
+    OutputStream, ResultValue, SessionLimits,
+};
+pub use session::{Execution, Session};

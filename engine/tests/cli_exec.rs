@@ -1,0 +1,93 @@
+//! `pyvisor exec` through the real binary: streaming, input from stdin, JSON output and the
+//! exit statuses of SPEC.md §1.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn exec(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pyvisor"))
+        .arg("exec")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("pyvisor runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn prints_output_and_the_final_value() {
+    let out = exec(&["print('hi')\n6 * 7"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi\n42\n");
+}
+
+#[test]
+fn reads_code_from_stdin() {
+    let out = exec(&["-"], "x = 2\nprint(x + 1)\n");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "3\n");
+}
+
+#[test]
+fn answers_input_from_stdin_and_eof_after() {
+    let out = exec(
+        &["a = input('first? ')\nprint('got', a)\ninput('second? ')"],
+        "yes\n",
+    );
+    assert_eq!(text(&out.stdout), "first? got yes\nsecond? ");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("EOFError"));
+}
+
+#[test]
+fn python_error_exits_1_with_the_traceback() {
+    let out = exec(&["1 / 0"], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("ZeroDivisionError: division by zero"));
+}
+
+#[test]
+fn timeout_exits_3() {
+    let out = exec(&["--timeout", "0.3", "import time\ntime.sleep(30)"], "");
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn crash_exits_4() {
+    let out = exec(&["import os\nos._exit(9)"], "");
+    assert_eq!(out.status.code(), Some(4));
+    assert!(text(&out.stderr).contains("exited with code 9"));
+}
+
+#[test]
+fn bad_timeout_is_a_usage_error() {
+    let out = exec(&["--timeout", "-1", "1"], "");
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn json_format_prints_exactly_one_result_object() {
+    let out = exec(&["--format", "json", "print('streamed?')\n{'a': 1}"], "");
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let result: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(result["status"], "ok");
+    assert_eq!(result["stdout"], "streamed?\n");
+    assert_eq!(result["result"]["repr"], "{'a': 1}");
+    assert_eq!(result["result"]["type"], "dict");
+    assert_eq!(result["execution_id"], "e-1");
+    assert!(result["error"].is_null());
+}

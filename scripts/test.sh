@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs the whole test suite from a fresh clone: installs what the tests need (idempotently),
+# then checks formatting and lints, then runs every test against real Python workers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Optional Python packages the tests exercise (DataFrame HTML results, matplotlib figures).
+if ! python3 -c 'import pandas, matplotlib' 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check pandas matplotlib
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+cargo test --workspace --quiet 2>&1

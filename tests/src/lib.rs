@@ -1,0 +1,77 @@
+//! Helpers shared by the integration tests: start an engine, run code, collect events.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use pyvisor::{Engine, EngineConfig, Execution, ExecutionEvent, ExecutionResult, Session};
+
+/// An engine with default settings, as an embedder gets it.
+pub async fn engine() -> Engine {
+    engine_with(EngineConfig::default()).await
+}
+
+/// An engine with `config`.
+pub async fn engine_with(config: EngineConfig) -> Engine {
+    Engine::start(config).await.expect("engine starts")
+}
+
+/// An engine and one session in it.
+pub async fn session() -> (Engine, Session) {
+    let engine = engine().await;
+    let session = engine
+        .create_session(Default::default())
+        .await
+        .expect("session starts");
+    (engine, session)
+}
+
+/// Runs `code` and returns its result, failing the test after 60 s.
+pub async fn run(session: &Session, code: &str) -> ExecutionResult {
+    within(session.run(code))
+        .await
+        .expect("execution completes")
+}
+
+/// Awaits `future`, failing the test if it takes longer than 60 s (a hang is a bug).
+pub async fn within<F: std::future::Future>(future: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), future)
+        .await
+        .expect("no hang")
+}
+
+/// Collects every event of `execution`, the final result last.
+pub async fn events(execution: Execution) -> Vec<ExecutionEvent> {
+    within(execution.collect::<Vec<_>>()).await
+}
+
+/// Whether process `pid` still exists; a zombie counts as existing (it was not reaped).
+pub fn process_exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Whether process `pid` is running: it exists and is not a zombie.
+pub fn process_running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may itself hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Waits up to 5 s for `still_there(pid)` to turn false; true if it did.
+pub async fn eventually_gone(pid: u32, still_there: fn(u32) -> bool) -> bool {
+    for _ in 0..100 {
+        if !still_there(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Waits up to 5 s for our child `pid` to be killed and reaped.
+pub async fn process_gone(pid: u32) -> bool {
+    eventually_gone(pid, process_exists).await
+}
