@@ -6,48 +6,56 @@ the protocol on two more pipes: fd 3 (host -> worker) and fd 4 (worker -> host).
 library only; Python 3.9 or newer.
 
 Framing, both ways: a 4-byte big-endian unsigned length, then that many bytes of UTF-8 JSON
-holding one object. No frame is larger than 32 MiB: the worker replaces anything that would be
-(see ``_stand_in``), and treats a larger incoming frame as a corrupt stream.
+holding one object. No frame is larger than 32 MiB: the worker sends a smaller stand-in for a
+message that would be (see ``_stand_in``), and takes a larger incoming one for a corrupt stream.
 
 Host -> worker:
 
     {"type": "execute", "id": "e-1", "code": "...", "repr_limit": 65536}
-    {"type": "input_reply", "id": "e-1", "value": "text"}    value null: input() raises EOFError
+    {"type": "input_reply", "id": "e-1", "value": "text"}     "value": null makes it EOF
     {"type": "shutdown"}
 
-Executions run one at a time in arrival order. An input_reply counts only while an input() of
-that execution waits for it; other replies, and messages of unknown types, are ignored.
+Executions run one at a time, in arrival order. An input_reply counts only while an input() of
+that execution waits for one; other replies, and messages of unknown types, are ignored.
 
 Worker -> host:
 
     {"type": "hello", "protocol": 1, "pid": 1234, "python_version": "3.11.7",
-     "executable": "/usr/bin/python3"}                        once, when ready for requests
+     "executable": "/usr/bin/python3"}                          once, when ready for requests
     {"type": "input_request", "id": "e-1", "prompt": "Name: ", "password": false}
     {"type": "display", "id": "e-1", "mime": "image/png", "data": "<base64>"}
     {"type": "result", "id": "e-1", "status": "ok" | "error",
      "result": {"repr": "4", "type": "int"} | null,
-     "error": {"type": "KeyError", "message": "'x'", "traceback": ["Traceback ...\\n", ...]} | null}
+     "error": {"type": "KeyError", "message": "'x'", "traceback": ["..."]} | null}
 
-Every execute request gets exactly one result, after its input requests and displays. "result"
-is set when the code ends with an expression statement whose value is not None: its repr() cut
-to repr_limit UTF-8 bytes (ending in "…" when cut), its type's name and, when the value has
-``_repr_html_``, its HTML as "html". "error" carries the exception's class name, str() and
-traceback, with the worker's own frames removed; SystemExit and KeyboardInterrupt are errors
-like any other, and the worker goes on serving. "WorkerError" marks a fault of the worker
-itself. A display's data is base64 for image/png and text for the other types (image/svg+xml,
-text/html, text/plain); pyplot figures still open when an execution ends are sent as PNG
-displays and closed.
+Every execute request gets exactly one result, after its input requests and displays.
+"result" is set when the code ends with an expression statement whose value is not None, as at
+the interactive prompt: its repr() cut to repr_limit UTF-8 bytes (ending in "…" when cut), the
+name of its type and, when the value has ``_repr_html_``, its HTML as "html". "error" holds the
+exception's class name, str() and traceback.format_exception() lines without the worker's own
+frames; SystemExit and KeyboardInterrupt are errors like the others, and the worker goes on
+serving. The error type "WorkerError" marks a fault of the worker itself. A display's data is
+base64 for image/png and text for image/svg+xml, text/html and text/plain.
 
-Ordering: before writing any frame the worker flushes sys.stdout and sys.stderr (and the
-original ones, if the code replaced them), so everything the code printed before a frame is in
-the fd 1/2 pipes when the frame arrives. The worker itself never writes to fds 1 and 2.
+What the code sees: one namespace for the whole session, the dict of a fresh ``__main__``
+module (so pickle finds what the code defines); each execution compiled as ``<cell-N>``, its
+source in linecache for tracebacks; ``display(*objs)`` as a builtin, sending the richest of
+_repr_png_, _repr_svg_, _repr_html_ and repr() of each object; input() and getpass.getpass()
+asking the client (EOFError when no execution is running); pyplot figures still open at the end
+of an execution sent as PNG displays and closed (MPLBACKEND defaults to Agg). A process that
+the code forks without exec never writes to fd 4, and exits if it returns into the worker.
+
+Ordering: before writing any frame, the worker flushes sys.stdout and sys.stderr (and the
+original ones, should the code have replaced them), so all that the code printed before a frame
+is in the fd 1/2 pipes when the frame arrives. The worker itself never writes to fds 1 and 2.
 
 Interrupts: the host sends SIGINT to the worker's pid. It raises KeyboardInterrupt in the
-session's code (also inside time.sleep(), input() and the repr() of the result); when no code
-runs, or while a frame is being written, it is ignored or held back until the frame is whole.
+session's code, also inside blocking calls such as time.sleep() and input(), and in the repr()
+of the result. While no code runs it is ignored; while the code has a frame written (display(),
+input()) it is held back until the frame is whole.
 
-Exit status: 0 after a shutdown request or when the host closes fd 3 or fd 4; 1 when the
-protocol stream is corrupt or its fds are unusable.
+Exit status: 0 after a shutdown request or when the host closes its end of fd 3 or fd 4; 1 when
+the protocol stream is corrupt or its fds are unusable.
 """
 
 import ast
@@ -59,6 +67,7 @@ import json
 import linecache
 import os
 import queue
+import re
 import signal
 import struct
 import sys
@@ -98,7 +107,7 @@ def _on_sigint(signum, frame):
 
 
 def _flush_output():
-    """Flush the user-visible output streams, ignoring any that the code replaced or broke."""
+    """Flush the code's output streams, ignoring any that the code replaced or broke."""
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
@@ -107,12 +116,12 @@ def _flush_output():
 
 
 def _exit_worker(status):
-    """End the worker process at once, flushing the code's output first."""
+    """End the worker process now, with the code's output flushed."""
     _flush_output()
     os._exit(status)
 
 
-def send(message):
+def _send(message):
     """Write `message` to the host as one frame, after flushing the code's output."""
     global _sigint_action, _sigint_deferred
     payload = _encode(message).encode("utf-8", "replace")
@@ -122,8 +131,8 @@ def send(message):
     frame = _HEADER.pack(len(payload)) + payload
     _flush_output()
     if _sigint_action == "raise" and threading.get_ident() == _MAIN_THREAD:
-        # The session's code (display(), input()) is writing: a KeyboardInterrupt must not
-        # cut the frame short, so it is raised once the frame is whole.
+        # The session's code is writing (display(), input()): a KeyboardInterrupt must not cut
+        # the frame short, so it is raised once the frame is whole.
         _sigint_action = "defer"
         try:
             _write_frame(frame)
@@ -137,7 +146,7 @@ def send(message):
 
 
 def _write_frame(frame):
-    """Write all of `frame` to fd 4; exit if the host is gone."""
+    """Write all of `frame` to fd 4; exits the worker when that fails."""
     with _write_lock:
         try:
             written = os.write(REPLY_FD, frame)
@@ -152,7 +161,7 @@ def _write_frame(frame):
 
 
 def _stand_in(message, size):
-    """A smaller message to send instead of `message`, whose frame would be `size` bytes."""
+    """A smaller message to send instead of `message`, whose frame would take `size` bytes."""
     kind = message["type"]
     note = "[pyvisor] %s of %d bytes exceeds the %d-byte frame limit" % (kind, size, MAX_FRAME)
     if kind == "display":
@@ -170,11 +179,12 @@ def _read_exact(size):
     """The next `size` bytes of fd 3; exits the worker when the host has closed it."""
     try:
         data = os.read(REQUEST_FD, size)
-        while len(data) < size:
-            chunk = os.read(REQUEST_FD, size - len(data))
-            if not chunk:
-                break
-            data += chunk
+        if len(data) < size:  # a large frame comes through the pipe in pieces
+            buffer = bytearray(data)
+            while data and len(buffer) < size:
+                data = os.read(REQUEST_FD, size - len(buffer))
+                buffer += data
+            data = buffer
     except OSError:
         _exit_worker(1)
     if len(data) < size:
@@ -183,7 +193,7 @@ def _read_exact(size):
 
 
 def _read_message():
-    """The next message from the host; None for a frame that is not a JSON object."""
+    """The next message from the host; None for a frame that holds no JSON object."""
     (size,) = _HEADER.unpack(_read_exact(_HEADER.size))
     if size > MAX_FRAME:
         _exit_worker(1)
@@ -194,14 +204,14 @@ def _read_message():
     return message if isinstance(message, dict) else None
 
 
-# Requests routed by the reader thread: execute requests for the main loop, input replies for
-# the input() that waits for one (None meaning end of file).
+# The reader thread's outputs: execute requests for the main loop, and answers (None meaning
+# end of file) for the input() waiting for one.
 _executions = queue.SimpleQueue()
 _input_replies = queue.SimpleQueue()
 
 
 def _read_requests():
-    """Reader thread: route every message from the host while the main thread runs code."""
+    """Reader thread: route every message from the host, also while the code runs."""
     while True:
         message = _read_message()
         if message is None:
@@ -229,33 +239,38 @@ _namespace = _session.__dict__
 _WORKER_FILE = _on_sigint.__code__.co_filename
 
 _cell_count = 0
-_current_id = None  # id of the running execution, read by other threads
-_input_waiting_for = None  # id of the execution whose input() awaits a reply
+_current_id = None  # id of the running execution; other threads read it
+_input_waiting_for = None  # id of the execution whose input() waits for an answer
 _input_lock = threading.Lock()
-_forked = False
+_forked = False  # this process is a child that the session's code forked
 
 
 def _execute(request):
     """Run one execute request in the session namespace; return its result message."""
-    global _cell_count, _current_id
+    global _cell_count, _current_id, _sigint_action
     execution_id = request.get("id")
     code = request.get("code")
-    if not isinstance(code, str):
-        raise TypeError("execute request %r has no code string" % (execution_id,))
     repr_limit = request.get("repr_limit", DEFAULT_REPR_LIMIT)
+    if not isinstance(code, str) or not isinstance(repr_limit, int):
+        problem = "execute request %r needs a code string and an int repr_limit"
+        raise TypeError(problem % (execution_id,))
     _cell_count += 1
     filename = "<cell-%d>" % _cell_count
-    # Tracebacks, inspect and pdb read a cell's source from linecache, like a file's.
+    # Tracebacks, inspect and pdb read a cell's source from linecache, as they do a file's.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     _current_id = execution_id
+    _sigint_action = "raise"
     try:
-        value, error = _run_user_code(_run_cell, code, filename, repr_limit)
+        value, error = _run_cell(code, filename, repr_limit), None
+    except BaseException as exc:
+        value, error = None, exc
     finally:
+        _sigint_action = "ignore"
         _current_id = None
         if _input_waiting_for is not None:
             _input_replies.put(None)  # an input() on another thread outlived its execution
     if _forked:
-        # A process forked by the code has come back here: it ends like a script would.
+        # A process that the code forked has come back here: it ends as a script would.
         _exit_worker(0 if error is None else 1)
     _show_open_figures(execution_id)
     if error is None:
@@ -271,20 +286,11 @@ def _result(execution_id, value, error):
     return {"type": "result", "id": execution_id, "status": status, "result": value, "error": error}
 
 
-def _run_user_code(function, *args):
-    """Call function(*args) with SIGINT armed; return (value, None) or (None, exception)."""
-    global _sigint_action
-    _sigint_action = "raise"
-    try:
-        return function(*args), None
-    except BaseException as exc:
-        return None, exc
-    finally:
-        _sigint_action = "ignore"
-
-
 def _run_cell(code, filename, repr_limit):
     """Run `code` as one cell; describe the value of a final expression statement, if any."""
+    if not _may_end_with_expression(code):
+        exec(compile(code, filename, "exec", dont_inherit=True), _namespace)
+        return None
     module = compile(code, filename, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
     body = module.body
     if not body or type(body[-1]) is not ast.Expr:
@@ -304,6 +310,40 @@ def _run_cell(code, filename, repr_limit):
     return result
 
 
+# The start of a simple statement that is not an expression: an assignment, an augmented
+# assignment, or a statement that begins with a keyword.
+_NOT_AN_EXPRESSION = re.compile(
+    r"[A-Za-z_][\w.]*\s*(?:[-+*/%@&|^]|//|\*\*|<<|>>)?=(?!=)"
+    r"|(?:assert|async|break|class|continue|def|del|for|from|global|if|import|nonlocal|pass"
+    r"|raise|return|try|while|with)\b"
+)
+
+
+def _may_end_with_expression(code):
+    """False when a look at its last line proves that `code` does not end with an expression.
+
+    This spares the common cell that ends with an assignment or an import the parse to an AST,
+    which costs about as much again as compiling it.
+    """
+    code = code.rstrip()
+    start = code.rfind("\n") + 1
+    last = code[start:]
+    if not _NOT_AN_EXPRESSION.match(last):
+        return True
+    # The last line holds just that statement (no ";") unless it continues earlier lines: then
+    # it closes a bracket or a string opened there, or follows a backslash.
+    return (
+        ";" in last
+        or "'" in last
+        or '"' in last
+        or "\r" in last
+        or last.count("(") != last.count(")")
+        or last.count("[") != last.count("]")
+        or last.count("{") != last.count("}")
+        or (start > 0 and code.endswith(("\\", "\\\r"), 0, start - 1))
+    )
+
+
 def _clip(text, limit):
     """`text` cut to at most `limit` UTF-8 bytes, ending in "…" when cut."""
     if len(text) * 4 <= limit:  # no character takes more than 4 bytes
@@ -315,9 +355,9 @@ def _clip(text, limit):
 
 
 def _describe_error(exc, limit):
-    """The "error" object of a result for an exception raised by the session's code."""
+    """The "error" object of a result, for an exception raised by the session's code."""
     if isinstance(exc, SyntaxError) and exc.text is None and exc.filename and exc.lineno:
-        # Errors found after parsing (e.g. 'return' outside function) carry no source line.
+        # Errors found after parsing ('return' outside function, ...) come without the line.
         exc.text = linecache.getline(exc.filename, exc.lineno) or None
     try:
         message = str(exc)
@@ -328,7 +368,7 @@ def _describe_error(exc, limit):
 
 
 def _user_traceback(exc):
-    """traceback.format_exception() of `exc` without the worker's own frames."""
+    """traceback.format_exception() of `exc`, without the worker's own frames."""
     top = traceback.TracebackException(type(exc), exc, exc.__traceback__)
     pending = [top]
     while pending:
@@ -341,10 +381,11 @@ def _user_traceback(exc):
 
 
 def _worker_error(exc):
-    """The "error" object of a result that failed because of a fault in the worker itself."""
+    """The "error" object of a result, for a fault of the worker itself."""
+    summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     return {
         "type": "WorkerError",
-        "message": "internal error in the pyvisor worker: %s: %s" % (type(exc).__name__, exc),
+        "message": "internal error in the pyvisor worker: " + summary,
         "traceback": traceback.format_exception(type(exc), exc, exc.__traceback__),
     }
 
@@ -357,21 +398,25 @@ def _reopen_stdin():
 
 # --- display() and pyplot figures -------------------------------------------------------------
 
-_RICH_MIMES = (("image/png", "_repr_png_"), ("image/svg+xml", "_repr_svg_"), ("text/html", "_repr_html_"))
+_RICH_MIMES = (
+    ("image/png", "_repr_png_"),
+    ("image/svg+xml", "_repr_svg_"),
+    ("text/html", "_repr_html_"),
+)
 
 
 def display(*objs):
     """Show each object in the client, in the richest format it offers (IPython's protocol)."""
     execution_id = _current_id
-    if execution_id is None:  # no execution to show it in (e.g. a thread outliving its cell)
+    if execution_id is None:  # no execution to show it in (a thread outliving its cell)
         return
     for obj in objs:
         mime, data = _display_data(obj)
-        send({"type": "display", "id": execution_id, "mime": mime, "data": data})
+        _send({"type": "display", "id": execution_id, "mime": mime, "data": data})
 
 
 def _display_data(obj):
-    """(mime, data) of the richest representation `obj` offers; repr() as the last resort."""
+    """(mime, data) of the richest representation `obj` offers, repr() as the last resort."""
     figure_module = sys.modules.get("matplotlib.figure")
     if figure_module is not None and isinstance(obj, figure_module.Figure):
         try:
@@ -388,8 +433,8 @@ def _display_data(obj):
 
 
 def _call_repr_method(obj, name):
-    """What obj.<name>() returns, or None when the method is missing or fails."""
-    if isinstance(obj, type):  # a class's _repr_*_ methods describe its instances
+    """What obj.<name>() returns; None when there is no such method or it fails."""
+    if isinstance(obj, type):  # a class's _repr_*_ methods are for its instances
         return None
     try:
         method = getattr(obj, name, None)
@@ -402,14 +447,14 @@ def _call_repr_method(obj, name):
 
 
 def _figure_png(figure):
-    """A matplotlib figure rendered as an image/png display."""
+    """A matplotlib figure as the (mime, data) of a PNG display."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", bbox_inches="tight")
     return "image/png", base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def _show_open_figures(execution_id):
-    """Send the pyplot figures the execution left open as PNG displays, then close them."""
+    """Send the pyplot figures that the execution left open as PNG displays; close them."""
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is None:
         return
@@ -425,13 +470,13 @@ def _show_open_figures(execution_id):
         except Exception as exc:
             _send_note(execution_id, "could not render %r" % (figure,), exc)
         else:
-            send({"type": "display", "id": execution_id, "mime": mime, "data": data})
+            _send({"type": "display", "id": execution_id, "mime": mime, "data": data})
 
 
 def _send_note(execution_id, what, exc):
-    """Tell the client, as a text/plain display, that the worker failed to do `what`."""
+    """Tell the client in a text/plain display that the worker failed to do `what`."""
     data = "[pyvisor] %s: %s: %s" % (what, type(exc).__name__, exc)
-    send({"type": "display", "id": execution_id, "mime": "text/plain", "data": data})
+    _send({"type": "display", "id": execution_id, "mime": "text/plain", "data": data})
 
 
 # --- input() and getpass() --------------------------------------------------------------------
@@ -448,7 +493,7 @@ def _getpass(prompt="Password: ", stream=None):
 
 
 def _ask(prompt, password):
-    """Send an input request for the running execution and wait for the client's answer."""
+    """Send an input request for the running execution; return the client's answer."""
     global _input_waiting_for
     with _input_lock:
         while not _input_replies.empty():  # answers to earlier, interrupted requests
@@ -458,9 +503,12 @@ def _ask(prompt, password):
             # Checked after announcing the wait: an execution that ends from now on wakes us.
             if execution_id is None or _current_id != execution_id:
                 raise EOFError("EOF when reading a line")
-            request = {"type": "input_request", "id": execution_id, "prompt": prompt}
-            request["password"] = password
-            send(request)
+            _send({
+                "type": "input_request",
+                "id": execution_id,
+                "prompt": prompt,
+                "password": password,
+            })
             value = _input_replies.get()
         finally:
             _input_waiting_for = None
@@ -470,7 +518,7 @@ def _ask(prompt, password):
 
 
 def _after_fork_in_child():
-    """A process forked by the session's code must stay off the protocol pipes."""
+    """Keep a process that the session's code forked off the protocol pipes."""
     global _forked, _current_id
     _forked = True
     _current_id = None
@@ -487,15 +535,16 @@ def _serve():
             reply = _execute(request)
         except BaseException as exc:
             reply = _result(request.get("id"), None, _worker_error(exc))
-        send(reply)
+        _send(reply)
 
 
 def main():
+    """Set the process up as a session's worker, say hello, and serve until told to stop."""
     for fd in (REQUEST_FD, REPLY_FD):
         try:
-            os.set_inheritable(fd, False)  # keep them from os.system() and subprocess children
+            os.set_inheritable(fd, False)  # keep them from os.system() and subprocesses
         except OSError:
-            sys.exit("pyvisor worker: fd %d is not open; pyvisor passes its pipes as fds 3 and 4" % fd)
+            sys.exit("pyvisor worker: fd %d is not open (pyvisor passes pipes as fds 3 and 4)" % fd)
     os.environ.setdefault("MPLBACKEND", "Agg")
     signal.signal(signal.SIGINT, _on_sigint)
     sys.modules["__main__"] = _session
@@ -503,13 +552,13 @@ def main():
     builtins.display = display
     getpass.getpass = _getpass
     os.register_at_fork(after_in_child=_after_fork_in_child)
-    # The reader thread inherits a mask blocking every signal, so that the kernel delivers the
-    # host's SIGINT (and any signal the code waits for) to the main thread, waking it from
-    # blocking calls.
+    # The reader thread starts with every signal blocked, so that the kernel delivers the host's
+    # SIGINT (and any signal the code waits for) to the main thread, waking it from blocking
+    # calls.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     threading.Thread(target=_read_requests, name="pyvisor-reader", daemon=True).start()
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    send({
+    _send({
         "type": "hello",
         "protocol": PROTOCOL_VERSION,
         "pid": os.getpid(),
