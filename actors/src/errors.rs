@@ -27,7 +27,7 @@ pub enum SpawnError {
 }
 
 /// Failure of a request to a session.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 #[non_exhaustive]
 pub enum SessionError {
     /// Another execution is running and the request asked not to queue.

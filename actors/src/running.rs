@@ -78,10 +78,10 @@ impl Running {
     fn keep_output(&mut self, stream: OutputStream, text: &str) {
         let kept = self.output.push(stream == OutputStream::Stderr, text);
         if !kept.is_empty() {
-            let _ = self.events.send(ExecutionEvent::Output {
+            let _ = self.events.send(Ok(ExecutionEvent::Output {
                 stream,
                 data: kept.to_owned(),
-            });
+            }));
         }
     }
 
@@ -108,6 +108,8 @@ impl Running {
             error,
             duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
         };
-        let _ = self.events.send(ExecutionEvent::Finished(Box::new(result)));
+        let _ = self
+            .events
+            .send(Ok(ExecutionEvent::Finished(Box::new(result))));
     }
 }

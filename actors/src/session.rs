@@ -32,8 +32,8 @@ pub const MAX_QUEUED_EXECUTIONS: usize = 1024;
 /// How long a closing worker may take to exit after `shutdown` before it is killed.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
 
-/// Receives the events of one execution.
-pub type EventSender = mpsc::UnboundedSender<ExecutionEvent>;
+/// Receives the events of one execution, or the reason it was refused.
+pub type EventSender = mpsc::UnboundedSender<Result<ExecutionEvent, SessionError>>;
 
 /// Queue an execution; the reply names it, its events go to `events`.
 #[derive(Message)]
@@ -203,6 +203,46 @@ impl SessionActor {
         }));
     }
 
+    /// Checks that `request` may join the queue.
+    fn admit(&self, request: &ExecuteRequest) -> Result<(), SessionError> {
+        let session_id = || self.session_id.clone();
+        let idle = matches!(self.state, State::Idle) && self.queue.is_empty();
+        match &self.state {
+            State::Closing => {
+                return Err(SessionError::Closed {
+                    session_id: session_id(),
+                })
+            }
+            State::Failed(reason) => {
+                return Err(SessionError::Unavailable {
+                    session_id: session_id(),
+                    reason: reason.clone(),
+                })
+            }
+            _ if !request.queue && !idle => {
+                return Err(SessionError::Busy {
+                    session_id: session_id(),
+                })
+            }
+            _ => {}
+        }
+        if self.queue.len() >= MAX_QUEUED_EXECUTIONS {
+            return Err(SessionError::QueueFull {
+                session_id: session_id(),
+                limit: MAX_QUEUED_EXECUTIONS,
+            });
+        }
+        // Leave room for the frame's envelope around the code.
+        let limit = self.spec.max_frame.saturating_sub(1024);
+        if request.code.len() > limit {
+            return Err(SessionError::TooLarge {
+                bytes: request.code.len(),
+                limit,
+            });
+        }
+        Ok(())
+    }
+
     /// Starts the next queued execution if the worker is idle.
     fn start_next(&mut self, ctx: &mut Context<Self>) {
         if !matches!(self.state, State::Idle) {
@@ -219,12 +259,7 @@ impl SessionActor {
         };
         if let Err(err) = worker.writer.send(&frame) {
             // Size was checked on enqueue; anything else means the frame cannot be built.
-            let _ = queued
-                .events
-                .send(ExecutionEvent::Finished(Box::new(refused(
-                    &queued,
-                    &err.to_string(),
-                ))));
+            queued.refuse(&err.to_string());
             return self.start_next(ctx);
         }
         let timeout = queued.request.timeout.unwrap_or(self.limits.timeout);
@@ -314,7 +349,7 @@ impl SessionActor {
                 if answerable {
                     let _ = running
                         .events
-                        .send(ExecutionEvent::InputRequest { prompt, password });
+                        .send(Ok(ExecutionEvent::InputRequest { prompt, password }));
                     let timeout = self.limits.input_timeout;
                     let waiting_id = id.clone();
                     let timer = ctx.run_later(timeout, move |act, _| {
@@ -331,7 +366,7 @@ impl SessionActor {
                 let display = DisplayData { mime, data };
                 let _ = running
                     .events
-                    .send(ExecutionEvent::Display(display.clone()));
+                    .send(Ok(ExecutionEvent::Display(display.clone())));
                 running.display.push(display);
             }
             other => self.kill_worker(format!("unexpected message: {other:?}")),
@@ -421,9 +456,7 @@ impl SessionActor {
     /// Ends every queued execution with an error result.
     fn fail_queue(&mut self, reason: &str) {
         for queued in self.queue.drain(..) {
-            let _ = queued
-                .events
-                .send(ExecutionEvent::Finished(Box::new(refused(&queued, reason))));
+            queued.refuse(reason);
         }
     }
 
@@ -455,22 +488,27 @@ impl SessionActor {
     }
 }
 
-/// The result of an execution that never reached the worker.
-fn refused(queued: &Queued, reason: &str) -> ExecutionResult {
-    ExecutionResult {
-        execution_id: queued.ticket.execution_id.clone(),
-        execution_count: queued.ticket.execution_count,
-        status: ExecutionStatus::Crashed,
-        stdout: String::new(),
-        stderr: String::new(),
-        result: None,
-        display: Vec::new(),
-        error: Some(ErrorInfo {
-            type_name: "NotExecuted".into(),
-            message: reason.to_owned(),
-            traceback: Vec::new(),
-        }),
-        duration_ms: 0.0,
+impl Queued {
+    /// Ends an execution that never reached the worker with a `NotExecuted` error.
+    fn refuse(&self, reason: &str) {
+        let result = ExecutionResult {
+            execution_id: self.ticket.execution_id.clone(),
+            execution_count: self.ticket.execution_count,
+            status: ExecutionStatus::Crashed,
+            stdout: String::new(),
+            stderr: String::new(),
+            result: None,
+            display: Vec::new(),
+            error: Some(ErrorInfo {
+                type_name: "NotExecuted".into(),
+                message: reason.to_owned(),
+                traceback: Vec::new(),
+            }),
+            duration_ms: 0.0,
+        };
+        let _ = self
+            .events
+            .send(Ok(ExecutionEvent::Finished(Box::new(result))));
     }
 }
 
@@ -540,44 +578,10 @@ impl Handler<Execute> for SessionActor {
     type Result = Result<ExecutionTicket, SessionError>;
 
     fn handle(&mut self, msg: Execute, ctx: &mut Context<Self>) -> Self::Result {
-        let session_id = || self.session_id.clone();
-        match &self.state {
-            State::Closing => {
-                return Err(SessionError::Closed {
-                    session_id: session_id(),
-                })
-            }
-            State::Failed(reason) => {
-                return Err(SessionError::Unavailable {
-                    session_id: session_id(),
-                    reason: reason.clone(),
-                })
-            }
-            State::Busy(_) | State::Starting if !msg.request.queue => {
-                return Err(SessionError::Busy {
-                    session_id: session_id(),
-                })
-            }
-            _ if !msg.request.queue && !self.queue.is_empty() => {
-                return Err(SessionError::Busy {
-                    session_id: session_id(),
-                })
-            }
-            _ => {}
-        }
-        if self.queue.len() >= MAX_QUEUED_EXECUTIONS {
-            return Err(SessionError::QueueFull {
-                session_id: session_id(),
-                limit: MAX_QUEUED_EXECUTIONS,
-            });
-        }
-        // Leave room for the frame's envelope around the code.
-        let limit = self.spec.max_frame.saturating_sub(1024);
-        if msg.request.code.len() > limit {
-            return Err(SessionError::TooLarge {
-                bytes: msg.request.code.len(),
-                limit,
-            });
+        if let Err(err) = self.admit(&msg.request) {
+            // Callers that did not wait for this reply learn the reason from the channel.
+            let _ = msg.events.send(Err(err.clone()));
+            return Err(err);
         }
         self.execution_count += 1;
         let ticket = ExecutionTicket {

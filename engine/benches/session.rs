@@ -164,11 +164,15 @@ async fn first_chunk_latency(session: &Session, n: usize) -> Vec<Duration> {
             .execute("print(time.time_ns())\ntime.sleep(0.002)")
             .await
             .unwrap();
+        let mut measured = false;
         while let Some(event) = execution.next().await {
+            // `print` writes the number and the newline separately: time the number.
             if let ExecutionEvent::Output { data, .. } = event {
                 let received = now_ns();
-                let written: u128 = data.trim().parse().unwrap();
-                samples.push(Duration::from_nanos(received.saturating_sub(written) as u64));
+                if let (false, Ok(written)) = (measured, data.trim().parse::<u128>()) {
+                    samples.push(Duration::from_nanos(received.saturating_sub(written) as u64));
+                    measured = true;
+                }
             }
         }
     }

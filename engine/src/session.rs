@@ -71,11 +71,24 @@ impl Session {
     }
 
     /// Runs `code` to completion (no input forwarding: `input()` raises `EOFError`).
+    ///
+    /// Unlike [`Self::execute`] it does not wait for the session to accept the request
+    /// before waiting for the result: a refusal arrives on the same channel as the result,
+    /// which saves a round trip to the actor thread on the hot path.
     pub async fn run(&self, code: impl Into<String>) -> Result<ExecutionResult, EngineError> {
-        self.execute(ExecuteRequest::new(code))
-            .await?
-            .result()
-            .await
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        self.addr.do_send(Execute {
+            request: ExecuteRequest::new(code),
+            events: events_tx,
+        });
+        while let Some(event) = events.recv().await {
+            match event {
+                Ok(ExecutionEvent::Finished(result)) => return Ok(*result),
+                Ok(_) => {}
+                Err(refused) => return Err(refused.into()),
+            }
+        }
+        Err(EngineError::Stopped)
     }
 
     /// Answers the pending `input()` of `execution_id`; `None` makes it raise `EOFError`.
@@ -114,7 +127,7 @@ impl Session {
 pub struct Execution {
     ticket: ExecutionTicket,
     session_id: String,
-    events: mpsc::UnboundedReceiver<ExecutionEvent>,
+    events: mpsc::UnboundedReceiver<Result<ExecutionEvent, SessionError>>,
     finished: bool,
 }
 
@@ -132,7 +145,7 @@ impl Execution {
     /// Skips the remaining events and returns the result.
     pub async fn result(mut self) -> Result<ExecutionResult, EngineError> {
         while let Some(event) = self.events.recv().await {
-            if let ExecutionEvent::Finished(result) = event {
+            if let Ok(ExecutionEvent::Finished(result)) = event {
                 return Ok(*result);
             }
         }
@@ -149,10 +162,14 @@ impl Stream for Execution {
         if self.finished {
             return Poll::Ready(None);
         }
-        let polled = self.events.poll_recv(cx);
-        if let Poll::Ready(Some(ExecutionEvent::Finished(_))) = &polled {
-            self.finished = true;
+        // An accepted execution is never refused later, so only events arrive here.
+        match self.events.poll_recv(cx) {
+            Poll::Ready(Some(Ok(event))) => {
+                self.finished = matches!(event, ExecutionEvent::Finished(_));
+                Poll::Ready(Some(event))
+            }
+            Poll::Ready(Some(Err(_)) | None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
         }
-        polled
     }
 }
