@@ -562,6 +562,9 @@ impl StreamHandler<Tagged> for SessionActor {
         match event {
             WorkerEvent::Output { stream, bytes } => self.on_output(stream, &bytes),
             WorkerEvent::Message(message) => self.on_message(message, ctx),
+            // A worker being ended closes its pipe on the way out: nothing to report.
+            WorkerEvent::ProtocolError(_)
+                if matches!(self.state, State::Closing) || self.kill_reason.is_some() => {}
             WorkerEvent::ProtocolError(reason) => {
                 tracing::warn!(session = %self.session_id, %reason, "protocol error");
                 self.kill_worker(format!("protocol error: {reason}"));
