@@ -21,6 +21,9 @@ pub enum SpawnError {
     /// The worker's pipes could not be created or registered.
     #[error("create worker pipes: {0}")]
     Pipe(io::Error),
+    /// The worker's cgroup leaf could not be created or joined.
+    #[error("contain the worker in a cgroup: {0}")]
+    Containment(io::Error),
     /// The worker started but did not complete the handshake.
     #[error("complete the worker handshake: {reason}")]
     Handshake { reason: String },

@@ -17,4 +17,4 @@ pub use execution::{
     DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
     OutputStream, ResultValue,
 };
-pub use limits::SessionLimits;
+pub use limits::{ProcessLimits, SessionLimits};

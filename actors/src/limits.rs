@@ -1,4 +1,5 @@
-//! Per-session limits enforced by the host (SPEC.md §1 defaults).
+//! Per-session limits (SPEC.md §1 defaults): what the host enforces itself, and what the
+//! kernel enforces on the worker process through rlimits or a cgroup leaf.
 
 use std::time::Duration;
 
@@ -15,6 +16,14 @@ pub struct SessionLimits {
     pub input_timeout: Duration,
     /// How long interrupted code may take to stop before the worker is killed.
     pub interrupt_grace: Duration,
+    /// Memory of the worker and its children, in MiB (cgroup `memory.max`, else `RLIMIT_AS`).
+    pub memory_mb: Option<u64>,
+    /// CPU seconds over the worker's lifetime (`RLIMIT_CPU`); the worker is killed past it.
+    pub cpu_s: Option<u64>,
+    /// Open file descriptors of the worker (`RLIMIT_NOFILE`).
+    pub open_files: Option<u64>,
+    /// Processes and threads of the session (cgroup `pids.max`, else `RLIMIT_NPROC`).
+    pub processes: Option<u64>,
 }
 
 impl Default for SessionLimits {
@@ -25,6 +34,30 @@ impl Default for SessionLimits {
             result_repr_bytes: 64 * 1024,
             input_timeout: Duration::from_secs(300),
             interrupt_grace: Duration::from_secs(2),
+            memory_mb: Some(2048),
+            cpu_s: None,
+            open_files: Some(256),
+            processes: Some(64),
+        }
+    }
+}
+
+/// The kernel-enforced part of [`SessionLimits`], as applied to one worker process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessLimits {
+    pub memory_bytes: Option<u64>,
+    pub cpu_seconds: Option<u64>,
+    pub open_files: Option<u64>,
+    pub processes: Option<u64>,
+}
+
+impl From<&SessionLimits> for ProcessLimits {
+    fn from(limits: &SessionLimits) -> Self {
+        Self {
+            memory_bytes: limits.memory_mb.map(|mb| mb.saturating_mul(1024 * 1024)),
+            cpu_seconds: limits.cpu_s,
+            open_files: limits.open_files,
+            processes: limits.processes,
         }
     }
 }

@@ -105,6 +105,8 @@ pub struct SessionSnapshot {
     pub execution_count: u64,
     pub queued: usize,
     pub restarts: u64,
+    /// What enforces the worker's memory and process limits: "cgroup2", "cgroup1", "rlimit".
+    pub containment: Option<&'static str>,
 }
 
 enum State {
@@ -517,6 +519,9 @@ fn describe_exit(status: ExitStatus, kill_reason: Option<String>) -> String {
     use std::os::unix::process::ExitStatusExt;
     let how = match (status.code(), status.signal()) {
         (Some(code), _) => format!("the worker exited with code {code}"),
+        (None, Some(libc::SIGXCPU)) => {
+            "the worker hit its cpu limit (limits.cpu_s) and was killed by SIGXCPU".to_owned()
+        }
         (None, Some(signal)) => {
             let name = nix::sys::signal::Signal::try_from(signal)
                 .map(|s| s.as_str().to_owned())
@@ -654,6 +659,7 @@ impl Handler<GetInfo> for SessionActor {
             execution_count: self.execution_count,
             queued: self.queue.len(),
             restarts: self.restarts,
+            containment: self.worker.as_ref().map(|w| w.containment),
         })
     }
 }

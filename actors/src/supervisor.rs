@@ -15,7 +15,7 @@ use slotmap::{new_key_type, SlotMap};
 use tokio::sync::oneshot;
 
 use crate::errors::SupervisorError;
-use crate::limits::SessionLimits;
+use crate::limits::{ProcessLimits, SessionLimits};
 use crate::session::{Close, SessionActor, SessionEnded};
 use crate::worker::{WorkerInfo, WorkerSpec};
 
@@ -158,6 +158,7 @@ impl Handler<CreateSession> for Supervisor {
             .options
             .limits
             .unwrap_or_else(|| self.config.limits.clone());
+        spec.limits = ProcessLimits::from(&limits);
         let (ready_tx, ready_rx) = oneshot::channel();
         let on_end = ctx.address().recipient();
         let id = session_id.clone();

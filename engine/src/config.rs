@@ -21,6 +21,8 @@ pub struct EngineConfig {
     pub max_frame_bytes: usize,
     /// Threads that host session actors.
     pub arbiters: usize,
+    /// Contain each worker in a cgroup leaf when the host allows it (else rlimits only).
+    pub use_cgroups: bool,
 }
 
 impl Default for EngineConfig {
@@ -34,6 +36,7 @@ impl Default for EngineConfig {
             arbiters: std::thread::available_parallelism()
                 .map(|n| n.get().min(4))
                 .unwrap_or(1),
+            use_cgroups: true,
         }
     }
 }

@@ -12,7 +12,10 @@ use actix::prelude::*;
 use pyvisor_actors::supervisor::{
     CreateSession, ListSessions, SessionOptions, StopAll, Supervisor, SupervisorConfig,
 };
-use pyvisor_actors::worker::{install_worker_script, resolve_interpreter, WorkerSpec};
+use pyvisor_actors::worker::{
+    install_worker_script, resolve_interpreter, CgroupManager, CgroupMechanism, Janitor, WorkerSpec,
+};
+use pyvisor_actors::ProcessLimits;
 use tokio::sync::oneshot;
 
 use crate::config::EngineConfig;
@@ -110,6 +113,7 @@ fn run_system(
 fn supervisor_config(config: &EngineConfig) -> Result<SupervisorConfig, EngineError> {
     let python = resolve_interpreter(&config.python)?;
     let script = install_worker_script(&config.cache_dir())?;
+    let janitor = Arc::new(Janitor::start(&python)?);
     Ok(SupervisorConfig {
         worker: WorkerSpec {
             python,
@@ -118,6 +122,15 @@ fn supervisor_config(config: &EngineConfig) -> Result<SupervisorConfig, EngineEr
             env: Vec::new(),
             handshake_timeout: config.handshake_timeout,
             max_frame: config.max_frame_bytes,
+            limits: ProcessLimits::from(&config.limits),
+            cgroups: config
+                .use_cgroups
+                .then(|| {
+                    let cgroups = CgroupManager::detect();
+                    (cgroups.mechanism() != CgroupMechanism::None).then(|| Arc::new(cgroups))
+                })
+                .flatten(),
+            janitor: Some(janitor),
         },
         limits: config.limits.clone(),
         arbiters: config.arbiters,

@@ -91,3 +91,44 @@ fn json_format_prints_exactly_one_result_object() {
     assert_eq!(result["execution_id"], "e-1");
     assert!(result["error"].is_null());
 }
+
+#[test]
+fn sigkill_of_the_host_leaves_no_python_process_behind() {
+    use std::io::{BufRead, BufReader};
+    let mut host = Command::new(env!("CARGO_BIN_EXE_pyvisor"))
+        .args([
+            "exec",
+            "import os, subprocess, time\n\
+             child = subprocess.Popen(['sleep', '60'])\n\
+             print(os.getpid(), child.pid, flush=True)\n\
+             time.sleep(60)",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(host.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pids: Vec<u32> = line
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "worker and child pids: {line:?}");
+    host.kill().unwrap();
+    host.wait().unwrap();
+    let running = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, s)| !s.starts_with('Z'))
+        })
+    };
+    for pid in pids {
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            !running(pid)
+        });
+        assert!(gone, "process {pid} outlived the SIGKILLed host");
+    }
+}

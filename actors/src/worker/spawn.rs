@@ -10,6 +10,8 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use command_fds::{CommandFdExt, FdMapping};
@@ -20,10 +22,13 @@ use pyvisor_protocol::{WorkerMessage, PROTOCOL_VERSION};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
+use super::cgroup::{CgroupLeaf, CgroupLimits, CgroupManager, CgroupMechanism};
+use super::janitor::Janitor;
 use super::output::Utf8Chunker;
 use super::pump::{pump, PumpPipes, WorkerEvent};
 use super::writer::FrameWriter;
 use crate::errors::SpawnError;
+use crate::limits::ProcessLimits;
 
 /// Events buffered between the pump and the session before the pump waits (back-pressure).
 const EVENT_BUFFER: usize = 64;
@@ -43,6 +48,12 @@ pub struct WorkerSpec {
     pub handshake_timeout: Duration,
     /// Largest frame accepted from the worker.
     pub max_frame: usize,
+    /// Kernel limits of the worker and its children.
+    pub limits: ProcessLimits,
+    /// Where per-worker cgroup leaves are made; rlimits alone when `None`.
+    pub cgroups: Option<Arc<CgroupManager>>,
+    /// Ends the worker's process group if the host dies.
+    pub janitor: Option<Arc<Janitor>>,
 }
 
 /// What the worker said about itself in its `hello`.
@@ -59,25 +70,41 @@ pub struct Worker {
     pub info: WorkerInfo,
     pub writer: FrameWriter,
     pub events: mpsc::Receiver<WorkerEvent>,
+    /// What enforces memory and process limits: "cgroup2", "cgroup1" or "rlimit".
+    pub containment: &'static str,
+    /// The worker's cgroup; dropping it kills whatever is left in it.
+    leaf: Option<CgroupLeaf>,
+    janitor: Option<Arc<Janitor>>,
 }
 
 impl Worker {
     /// Spawns a worker and waits for its `hello`.
     pub async fn start(spec: &WorkerSpec) -> Result<Worker, SpawnError> {
-        let (pid, writer, mut events) = spawn_process(spec)?;
+        let Spawned {
+            pid,
+            writer,
+            mut events,
+            leaf,
+        } = spawn_process(spec)?;
         let hello = tokio::time::timeout(spec.handshake_timeout, wait_for_hello(&mut events));
         match hello.await {
             Ok(Ok(info)) => Ok(Worker {
                 info,
                 writer,
                 events,
+                containment: match (&leaf, &spec.cgroups) {
+                    (Some(_), Some(cgroups)) => cgroups.mechanism().as_str(),
+                    _ => CgroupMechanism::None.as_str(),
+                },
+                leaf,
+                janitor: spec.janitor.clone(),
             }),
             Ok(Err(err)) => {
-                kill_group(pid);
+                forget_group(pid, spec.janitor.as_deref());
                 Err(err)
             }
             Err(_) => {
-                kill_group(pid);
+                forget_group(pid, spec.janitor.as_deref());
                 Err(SpawnError::Handshake {
                     reason: format!("no hello within {:?}", spec.handshake_timeout),
                 })
@@ -101,14 +128,59 @@ impl Worker {
     }
 }
 
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Whatever the code left running in the worker's group ends with the worker.
+        forget_group(self.info.pid, self.janitor.as_deref());
+        // Emptying a cgroup waits for its processes to die: keep that off the actor thread.
+        if let Some(leaf) = self.leaf.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(move || drop(leaf))),
+                Err(_) => drop(leaf),
+            }
+        }
+    }
+}
+
+/// Kills process group `pgid` and tells the janitor it is gone.
+fn forget_group(pgid: u32, janitor: Option<&Janitor>) {
+    kill_group(pgid);
+    if let Some(janitor) = janitor {
+        janitor.unregister(pgid);
+    }
+}
+
 /// SIGKILL to process group `pgid`; a group that is already gone is not an error.
 pub(crate) fn kill_group(pgid: u32) {
     let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
 }
 
-fn spawn_process(
-    spec: &WorkerSpec,
-) -> Result<(u32, FrameWriter, mpsc::Receiver<WorkerEvent>), SpawnError> {
+/// A worker process that has been started but has not said hello yet.
+struct Spawned {
+    pid: u32,
+    writer: FrameWriter,
+    events: mpsc::Receiver<WorkerEvent>,
+    leaf: Option<CgroupLeaf>,
+}
+
+/// Distinguishes the cgroup leaves of one engine.
+static NEXT_LEAF: AtomicU64 = AtomicU64::new(1);
+
+fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
+    let leaf = match &spec.cgroups {
+        Some(cgroups) => {
+            let name = format!("w-{}", NEXT_LEAF.fetch_add(1, Ordering::Relaxed));
+            let limits = CgroupLimits {
+                memory_bytes: spec.limits.memory_bytes,
+                pids: spec.limits.processes,
+            };
+            cgroups
+                .create_leaf(&name, limits)
+                .map_err(SpawnError::Containment)?
+        }
+        None => None,
+    };
+    let rlimits = RlimitPlan::new(spec.limits, leaf.is_some());
     let (stdout_read, stdout_write) = cloexec_pipe()?;
     let (stderr_read, stderr_write) = cloexec_pipe()?;
     let (to_worker_read, to_worker_write) = cloexec_pipe()?;
@@ -143,7 +215,7 @@ fn spawn_process(
     // SAFETY: the hook runs between fork and exec and only makes async-signal-safe syscalls;
     // it is registered after the fd mappings, so fds 3 and 4 are in place when it runs.
     unsafe {
-        command.pre_exec(prepare_child);
+        command.pre_exec(move || prepare_child(&rlimits));
     }
     let child = command.spawn().map_err(|source| SpawnError::Spawn {
         python: spec.python.clone(),
@@ -154,6 +226,16 @@ fn spawn_process(
     let pid = child.id().ok_or_else(|| SpawnError::Handshake {
         reason: "worker exited before it could be tracked".into(),
     })?;
+    if let Some(janitor) = &spec.janitor {
+        janitor.register(pid);
+    }
+    // The interpreter takes milliseconds to start, so it cannot fork before it is in the leaf.
+    if let Some(leaf) = &leaf {
+        if let Err(err) = leaf.add(pid) {
+            forget_group(pid, spec.janitor.as_deref());
+            return Err(SpawnError::Containment(err));
+        }
+    }
 
     let pipes = PumpPipes {
         frames: pipe::Receiver::from_owned_fd(from_worker_read).map_err(SpawnError::Pipe)?,
@@ -163,19 +245,62 @@ fn spawn_process(
     let to_worker = pipe::Sender::from_owned_fd(to_worker_write).map_err(SpawnError::Pipe)?;
     let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
     tokio::spawn(pump(child, pipes, events_tx, spec.max_frame));
-    Ok((
+    Ok(Spawned {
         pid,
-        FrameWriter::start(to_worker, spec.max_frame),
-        events_rx,
-    ))
+        writer: FrameWriter::start(to_worker, spec.max_frame),
+        events: events_rx,
+        leaf,
+    })
 }
 
-/// Runs in the child between fork and exec: death signal, then close every fd above 4.
-fn prepare_child() -> io::Result<()> {
-    // SAFETY: plain syscalls with constant arguments.
+/// The rlimits a worker gets: CPU time, open files and no core dumps always; memory and
+/// processes only when no cgroup leaf enforces them (`RLIMIT_NPROC` counts every process of
+/// the user, so it is a poor fallback, and it does not bind root at all).
+#[derive(Debug, Clone, Copy)]
+struct RlimitPlan {
+    limits: [(libc::__rlimit_resource_t, Option<u64>); 5],
+}
+
+impl RlimitPlan {
+    fn new(limits: ProcessLimits, in_cgroup: bool) -> Self {
+        let fallback = |value: Option<u64>| if in_cgroup { None } else { value };
+        Self {
+            limits: [
+                (libc::RLIMIT_CORE, Some(0)),
+                (libc::RLIMIT_CPU, limits.cpu_seconds),
+                (libc::RLIMIT_NOFILE, limits.open_files),
+                (libc::RLIMIT_AS, fallback(limits.memory_bytes)),
+                (libc::RLIMIT_NPROC, fallback(limits.processes)),
+            ],
+        }
+    }
+}
+
+/// Runs in the child between fork and exec: death signal, no new privileges, rlimits, then
+/// close every fd above 4.
+fn prepare_child(rlimits: &RlimitPlan) -> io::Result<()> {
+    // SAFETY: plain syscalls on values already in memory; nothing allocates.
     unsafe {
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+            || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+        {
             return Err(io::Error::last_os_error());
+        }
+        for (resource, value) in rlimits.limits {
+            let Some(value) = value else { continue };
+            // The soft CPU limit sends SIGXCPU; the hard one a second later kills for sure.
+            let hard = if resource == libc::RLIMIT_CPU {
+                value.saturating_add(1)
+            } else {
+                value
+            };
+            let limit = libc::rlimit {
+                rlim_cur: value,
+                rlim_max: hard,
+            };
+            if libc::setrlimit(resource, &limit) != 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
         if libc::syscall(libc::SYS_close_range, 5u32, u32::MAX, 0u32) != 0 {
             // Kernels before 5.9: close what a sane fd limit allows, one by one.

@@ -1,0 +1,153 @@
+//! The janitor: one small process per engine that ends every worker's process group when
+//! the engine goes away, even when the host is killed with SIGKILL.
+//!
+//! `PR_SET_PDEATHSIG` takes care of the workers themselves, but not of processes they
+//! started. The janitor runs in its own process group, reads `+PGID`/`-PGID` lines from a
+//! pipe whose write end only the host holds, and on end of input (the host exited, crashed,
+//! or dropped the engine) SIGKILLs every group still registered.
+
+use std::io::{self, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Mutex;
+
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
+use crate::errors::SpawnError;
+
+const JANITOR_SOURCE: &str = r#"
+import os, signal, sys
+groups = set()
+for line in sys.stdin:
+    try:
+        pgid = int(line[1:])
+    except ValueError:
+        continue
+    if line.startswith('+'):
+        groups.add(pgid)
+    else:
+        groups.discard(pgid)
+for pgid in groups:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+"#;
+
+/// Handle on the engine's janitor process.
+#[derive(Debug)]
+pub struct Janitor {
+    child: Child,
+    registrations: Mutex<Option<ChildStdin>>,
+}
+
+impl Janitor {
+    /// Starts the janitor with `python` (the resolved interpreter).
+    pub fn start(python: &Path) -> Result<Janitor, SpawnError> {
+        let mut child = Command::new(python)
+            .args(["-I", "-S", "-c", JANITOR_SOURCE])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(|source| SpawnError::Spawn {
+                python: python.to_path_buf(),
+                source,
+            })?;
+        let stdin = child.stdin.take().expect("stdin is piped");
+        // A stuck janitor must never block an actor: a full pipe drops the registration.
+        let flags = fcntl(&stdin, FcntlArg::F_GETFL).map_err(io_error)?;
+        fcntl(
+            &stdin,
+            FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
+        )
+        .map_err(io_error)?;
+        Ok(Janitor {
+            child,
+            registrations: Mutex::new(Some(stdin)),
+        })
+    }
+
+    /// Process id of the janitor.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Asks the janitor to end process group `pgid` if the engine goes away.
+    pub fn register(&self, pgid: u32) {
+        self.send(&format!("+{pgid}\n"));
+    }
+
+    /// The group has ended normally; the janitor forgets it.
+    pub fn unregister(&self, pgid: u32) {
+        self.send(&format!("-{pgid}\n"));
+    }
+
+    fn send(&self, line: &str) {
+        if let Ok(mut guard) = self.registrations.lock() {
+            if let Some(stdin) = guard.as_mut() {
+                if let Err(err) = stdin.write_all(line.as_bytes()) {
+                    tracing::warn!(error = %err, "janitor registration lost");
+                }
+            }
+        }
+    }
+}
+
+fn io_error(errno: nix::errno::Errno) -> SpawnError {
+    SpawnError::Pipe(io::Error::from(errno))
+}
+
+impl Drop for Janitor {
+    fn drop(&mut self) {
+        // End of input: the janitor kills what is still registered and exits.
+        if let Ok(mut guard) = self.registrations.lock() {
+            guard.take();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn python() -> std::path::PathBuf {
+        crate::worker::resolve_interpreter("python3").unwrap()
+    }
+
+    fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, s)| !s.starts_with('Z'))
+        })
+    }
+
+    fn spawn_group() -> Child {
+        Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    }
+
+    #[test]
+    fn kills_registered_groups_when_the_engine_goes_away() {
+        let janitor = Janitor::start(&python()).unwrap();
+        let mut registered = spawn_group();
+        let mut forgotten = spawn_group();
+        janitor.register(registered.id());
+        janitor.register(forgotten.id());
+        janitor.unregister(forgotten.id());
+        drop(janitor);
+        let status = registered.wait().unwrap();
+        assert!(!status.success(), "the registered group was killed");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(alive(forgotten.id()), "an unregistered group is left alone");
+        forgotten.kill().unwrap();
+        forgotten.wait().unwrap();
+    }
+}
