@@ -34,7 +34,10 @@ async fn print_streams_before_the_execution_ends() {
     };
     // `print` may write the text and the newline separately: only the content is fixed.
     assert_eq!(chunks.concat(), "one\ntwo\nthree\n");
-    assert!(chunks[0].starts_with("one") && !chunks[0].contains("two"), "{chunks:?}");
+    assert!(
+        chunks[0].starts_with("one") && !chunks[0].contains("two"),
+        "{chunks:?}"
+    );
     // The code sleeps 1.2 s after the first print: a buffered first chunk would arrive last.
     let lead = finished_at - first_chunk_at.unwrap();
     assert!(
