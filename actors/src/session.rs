@@ -27,87 +27,17 @@ use crate::limits::SessionLimits;
 use crate::running::{InterruptCause, Running};
 use crate::worker::{Worker, WorkerEvent, WorkerInfo, WorkerSpec};
 
+mod messages;
+
+pub use messages::{
+    Close, EventSender, Execute, ExecutionTicket, GetInfo, Interrupt, SendInput, SessionEnded,
+    SessionPhase, SessionSnapshot,
+};
+
 /// Most executions waiting behind the running one.
 pub const MAX_QUEUED_EXECUTIONS: usize = 1024;
 /// How long a closing worker may take to exit after `shutdown` before it is killed.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
-
-/// Receives the events of one execution, or the reason it was refused.
-pub type EventSender = mpsc::UnboundedSender<Result<ExecutionEvent, SessionError>>;
-
-/// Queue an execution; the reply names it, its events go to `events`.
-#[derive(Message)]
-#[rtype(result = "Result<ExecutionTicket, SessionError>")]
-pub struct Execute {
-    pub request: ExecuteRequest,
-    pub events: EventSender,
-}
-
-/// The identity of a queued execution.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecutionTicket {
-    pub execution_id: String,
-    pub execution_count: u64,
-}
-
-/// Answer the pending `input()` of an execution (`None` = end of input).
-#[derive(Message)]
-#[rtype(result = "Result<(), SessionError>")]
-pub struct SendInput {
-    pub execution_id: String,
-    pub value: Option<String>,
-}
-
-/// Interrupt the running execution; replies whether one was running.
-#[derive(Message)]
-#[rtype(result = "bool")]
-pub struct Interrupt;
-
-/// Ask for a snapshot of the session.
-#[derive(Message)]
-#[rtype(result = "SessionSnapshot")]
-pub struct GetInfo;
-
-/// Close the session: end its worker and stop the actor. Replies once the worker is reaped.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Close {
-    /// Let the worker exit on its own first (`shutdown` frame) instead of killing it at once.
-    pub graceful: bool,
-}
-
-/// Told to whoever registered interest when a session actor stops for good.
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct SessionEnded {
-    pub session_id: String,
-}
-
-/// What a session is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionPhase {
-    /// A worker is being started (first start or after a crash).
-    Starting,
-    Idle,
-    Busy,
-    /// No worker could be started; the session refuses work.
-    Failed,
-    Closing,
-}
-
-/// A point-in-time view of a session.
-#[derive(Debug, Clone)]
-pub struct SessionSnapshot {
-    pub session_id: String,
-    pub phase: SessionPhase,
-    pub pid: Option<u32>,
-    pub python_version: Option<String>,
-    pub execution_count: u64,
-    pub queued: usize,
-    pub restarts: u64,
-    /// What enforces the worker's memory and process limits: "cgroup2", "cgroup1", "rlimit".
-    pub containment: Option<&'static str>,
-}
 
 enum State {
     Starting,
@@ -430,22 +360,20 @@ impl SessionActor {
             let (status, error) = match running.interrupt {
                 Some(InterruptCause::Timeout(limit)) => (
                     ExecutionStatus::Timeout,
-                    ErrorInfo {
-                        type_name: "TimeoutError".into(),
-                        message: format!(
+                    host_error(
+                        "TimeoutError",
+                        format!(
                             "execution exceeded its {limit:?} timeout; {cause}; the session \
                              restarted with a fresh namespace"
                         ),
-                        traceback: Vec::new(),
-                    },
+                    ),
                 ),
                 _ => (
                     ExecutionStatus::Crashed,
-                    ErrorInfo {
-                        type_name: "WorkerCrashed".into(),
-                        message: format!("{cause}; the session restarted with a fresh namespace"),
-                        traceback: Vec::new(),
-                    },
+                    host_error(
+                        "WorkerCrashed",
+                        format!("{cause}; the session restarted with a fresh namespace"),
+                    ),
                 ),
             };
             // With no worker, `finish` leaves the queue alone until the restart completes.
@@ -469,11 +397,10 @@ impl SessionActor {
             running.into_result(
                 ExecutionStatus::Interrupted,
                 None,
-                Some(ErrorInfo {
-                    type_name: "SessionClosed".into(),
-                    message: "the session was closed while the execution ran".into(),
-                    traceback: Vec::new(),
-                }),
+                Some(host_error(
+                    "SessionClosed",
+                    "the session was closed while the execution ran",
+                )),
             );
             return self.kill_worker("session closed".into());
         }
@@ -501,16 +428,21 @@ impl Queued {
             stderr: String::new(),
             result: None,
             display: Vec::new(),
-            error: Some(ErrorInfo {
-                type_name: "NotExecuted".into(),
-                message: reason.to_owned(),
-                traceback: Vec::new(),
-            }),
+            error: Some(host_error("NotExecuted", reason)),
             duration_ms: 0.0,
         };
         let _ = self
             .events
             .send(Ok(ExecutionEvent::Finished(Box::new(result))));
+    }
+}
+
+/// An error raised by the host rather than by the user's code (it has no traceback).
+fn host_error(type_name: &str, message: impl Into<String>) -> ErrorInfo {
+    ErrorInfo {
+        type_name: type_name.to_owned(),
+        message: message.into(),
+        traceback: Vec::new(),
     }
 }
 
