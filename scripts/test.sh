@@ -11,4 +11,8 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-cargo test --workspace --quiet 2>&1
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --quiet 2>&1 | tee "$log"
+# cargo ends with the (empty) doc-test run of the last crate; close with the whole count.
+awk '/^test result:/ { passed += $4; failed += $6 } END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"
