@@ -51,18 +51,12 @@ pub enum SessionError {
     /// The code is larger than a frame may be.
     #[error("send {bytes} bytes of code: the limit is {limit} bytes")]
     TooLarge { bytes: usize, limit: usize },
-    /// The session actor is gone (the engine is shutting down).
-    #[error("reach the session: its actor has stopped")]
-    Gone,
 }
 
 /// Failure of a request to the supervisor.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum SupervisorError {
-    /// No session has this id.
-    #[error("find session {session_id}: no such session")]
-    UnknownSession { session_id: String },
     /// The worker of a new session could not be started.
     #[error(transparent)]
     Spawn(#[from] SpawnError),

@@ -1,6 +1,6 @@
 //! The Supervisor: owns every session actor and the arbiter threads they run on.
 //!
-//! The engine sends it [`CreateSession`], [`LookupSession`], [`ListSessions`] and
+//! The engine sends it [`CreateSession`], [`ListSessions`] and
 //! [`StopAll`]. It keeps the registry of live sessions (slotmap keys inside, stable string
 //! ids outside), spreads sessions over a few long-lived arbiter threads (a worker's
 //! `PR_SET_PDEATHSIG` is tied to the thread that spawned it), and on stop ends every worker
@@ -59,13 +59,6 @@ pub struct SessionHandle {
     pub session_id: String,
     pub addr: Addr<SessionActor>,
     pub worker: WorkerInfo,
-}
-
-/// Find a live session by id.
-#[derive(Message)]
-#[rtype(result = "Result<Addr<SessionActor>, SupervisorError>")]
-pub struct LookupSession {
-    pub session_id: String,
 }
 
 /// Ids of every live session.
@@ -182,20 +175,6 @@ impl Handler<CreateSession> for Supervisor {
                 worker,
             })
         }))
-    }
-}
-
-impl Handler<LookupSession> for Supervisor {
-    type Result = Result<Addr<SessionActor>, SupervisorError>;
-
-    fn handle(&mut self, msg: LookupSession, _: &mut Context<Self>) -> Self::Result {
-        self.by_id
-            .get(&msg.session_id)
-            .and_then(|key| self.sessions.get(*key))
-            .map(|entry| entry.addr.clone())
-            .ok_or(SupervisorError::UnknownSession {
-                session_id: msg.session_id,
-            })
     }
 }
 

@@ -70,11 +70,6 @@ impl Janitor {
         })
     }
 
-    /// Process id of the janitor.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Asks the janitor to end process group `pgid` if the engine goes away.
     pub fn register(&self, pgid: u32) {
         self.send(&format!("+{pgid}\n"));

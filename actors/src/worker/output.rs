@@ -80,11 +80,6 @@ impl CappedOutput {
         kept
     }
 
-    /// Bytes discarded because the cap was reached.
-    pub fn dropped(&self) -> usize {
-        self.dropped
-    }
-
     /// The captured `(stdout, stderr)`, with a marker on stdout if anything was dropped.
     pub fn into_parts(mut self) -> (String, String) {
         if self.dropped > 0 {
@@ -124,7 +119,6 @@ mod tests {
         assert_eq!(output.push(false, "abc"), "abc");
         assert_eq!(output.push(true, "defgh"), "de");
         assert_eq!(output.push(false, "more"), "");
-        assert_eq!(output.dropped(), 7);
         let (stdout, stderr) = output.into_parts();
         assert!(stdout.starts_with("abc\n[pyvisor: output truncated]"));
         assert!(stdout.contains("[7 bytes dropped]"));
