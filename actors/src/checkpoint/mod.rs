@@ -1,0 +1,64 @@
+//! The host-side checkpoint store: session state saved to disk so that it survives a crashed
+//! worker or a restarted engine.
+//!
+//! The Python worker pickles its namespace into an opaque payload; the host hands that payload,
+//! with metadata (execution count, names saved, names lost and why), to
+//! [`CheckpointStore::save`]. The store never interprets the payload. It owns one directory:
+//!
+//! ```text
+//! <root>/                                  (0700; default: $XDG_STATE_HOME/pyvisor)
+//!   sessions/                              (0700)
+//!     s-<sanitised session name>/          (0700)
+//!       00000000000000000007.ckpt          (0600; checkpoint c-7)
+//!       .partial-XXXXXX.tmp                (a save in progress, or left by a crash)
+//! ```
+//!
+//! Session names come from clients, so a directory name keeps only `[A-Za-z0-9_-]` and
+//! percent-encodes every other byte; a name whose encoding is long is cut and suffixed with a
+//! hash of the whole name. A name can therefore never escape `sessions/`, and the full name
+//! is kept inside every checkpoint and checked on load.
+//!
+//! # File format (version 1, integers little-endian)
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic "PYVCKPT\0"
+//!      8     2  format version (1)
+//!     10     2  flags: bit 0 = payload compressed with zstd; other bits must be 0
+//!     12     4  envelope length E
+//!     16     8  stored payload length P (after compression, if any)
+//!     24     4  CRC-32 of the envelope
+//!     28     4  CRC-32 of bytes 0..28
+//!     32     E  envelope: postcard encoding of session name, sequence, execution count,
+//!               creation time (Unix ms), uncompressed payload length, names saved, names lost
+//!   32+E     P  payload
+//! 32+E+P     4  CRC-32 of every byte before it
+//! ```
+//!
+//! The header and envelope checksums let [`CheckpointStore::list`] read metadata without
+//! reading payloads; the trailing checksum covers the whole file and is checked by
+//! [`CheckpointStore::load`]. Payloads above [`COMPRESSION_THRESHOLD`] are compressed with zstd
+//! when that makes them smaller.
+//!
+//! # Crash safety
+//!
+//! A save writes a temporary file in the session's directory, fsyncs it, renames it to its
+//! final name (never replacing a file) and fsyncs the directory. A crash at any point leaves
+//! either the new checkpoint complete or no trace of it but a temporary file, which
+//! [`CheckpointStore::open`] removes. A file that is truncated, has a flipped byte, or is not
+//! a checkpoint at all fails its magic, version, length or checksum check, and `load` falls
+//! back to the previous checkpoint, reporting the ones it skipped.
+
+mod envelope;
+mod errors;
+mod layout;
+mod meta;
+mod store;
+
+pub use envelope::{COMPRESSION_THRESHOLD, FORMAT_VERSION};
+pub use errors::{CheckpointError, CorruptionError};
+pub use layout::default_state_dir;
+pub use meta::{
+    CheckpointId, CheckpointInfo, CheckpointMeta, LoadedCheckpoint, LostName, SkippedCheckpoint,
+};
+pub use store::{CheckpointStore, CheckpointStoreConfig, DEFAULT_MAX_BYTES, DEFAULT_RETENTION};
