@@ -2,8 +2,12 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use thiserror::Error;
+
+use crate::checkpoint::CheckpointError;
 
 /// Failure to start a worker process.
 #[derive(Debug, Error)]
@@ -27,6 +31,9 @@ pub enum SpawnError {
     /// The worker started but did not complete the handshake.
     #[error("complete the worker handshake: {reason}")]
     Handshake { reason: String },
+    /// The zygote did not start, or could not fork a worker.
+    #[error("use the zygote: {reason}")]
+    Zygote { reason: String },
 }
 
 /// Failure of a request to a session.
@@ -42,25 +49,61 @@ pub enum SessionError {
     /// The session was closed.
     #[error("use session {session_id}: it is closed")]
     Closed { session_id: String },
-    /// The session has no worker and could not start one.
-    #[error("use session {session_id}: no worker ({reason})")]
-    Unavailable { session_id: String, reason: String },
     /// `send_input` named an execution that is not waiting in `input()`.
     #[error("answer input for {execution_id}: no input() is pending")]
     NoPendingInput { execution_id: String },
     /// The code is larger than a frame may be.
     #[error("send {bytes} bytes of code: the limit is {limit} bytes")]
     TooLarge { bytes: usize, limit: usize },
+    /// The engine is stopping: running executions may finish, new ones are refused.
+    #[error("run in session {session_id}: the engine is shutting down")]
+    ShuttingDown { session_id: String },
+    /// The engine keeps no checkpoints (its state directory is off).
+    #[error("checkpoint session {session_id}: checkpoints are off in this engine")]
+    CheckpointsOff { session_id: String },
+    /// The session has no worker at the moment (it is restarting or closed).
+    #[error("reach the worker of session {session_id}: {reason}")]
+    NoWorker { session_id: String, reason: String },
+    /// The checkpoint store refused or failed (not found, corrupt, too large, I/O).
+    #[error("checkpoint session {session_id}: {source}")]
+    Checkpoint {
+        session_id: String,
+        source: Arc<CheckpointError>,
+    },
+    /// The worker could not write or read a checkpoint.
+    #[error("checkpoint session {session_id}: the worker failed: {reason}")]
+    WorkerState { session_id: String, reason: String },
+}
+
+/// Failure to get a worker from the pool.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// No room under `max_total` came free within `acquire_timeout`.
+    #[error("acquire a worker: pool exhausted ({max_total} workers in use, waited {waited:?})")]
+    Exhausted { waited: Duration, max_total: usize },
+    /// The worker started for this acquire failed to start.
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    /// The engine is stopping and hands out no workers.
+    #[error("acquire a worker: the engine is shutting down")]
+    ShuttingDown,
 }
 
 /// Failure of a request to the supervisor.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum SupervisorError {
-    /// The worker of a new session could not be started.
+    /// No worker could be had for a new session.
     #[error(transparent)]
-    Spawn(#[from] SpawnError),
+    Pool(#[from] PoolError),
     /// The engine is stopping and takes no new sessions.
     #[error("create a session: the engine is shutting down")]
     ShuttingDown,
+    /// No session has this id or name, or it belongs to another owner.
+    #[error("find session {session}: no such session")]
+    UnknownSession { session: String },
+    /// A session of this name exists and belongs to another owner.
+    #[error("create session {name:?}: the name belongs to another owner's session")]
+    NameTaken { name: String },
 }

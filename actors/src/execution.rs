@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use pyvisor_protocol::{ErrorInfo, ResultValue};
+pub use pyvisor_protocol::{ErrorInfo, ResultValue, Transaction};
 
 /// One piece of code to run in a session.
 #[derive(Debug, Clone)]
@@ -18,6 +18,8 @@ pub struct ExecuteRequest {
     pub input: bool,
     /// Wait behind a running execution (`true`) or fail with "session busy" (`false`).
     pub queue: bool,
+    /// What a failure does to the namespace.
+    pub transaction: Transaction,
 }
 
 impl ExecuteRequest {
@@ -28,6 +30,7 @@ impl ExecuteRequest {
             timeout: None,
             input: false,
             queue: true,
+            transaction: Transaction::CommitAlways,
         }
     }
 
@@ -40,6 +43,12 @@ impl ExecuteRequest {
     /// Forwards `input()` calls to the caller as [`ExecutionEvent::InputRequest`].
     pub fn with_input(mut self) -> Self {
         self.input = true;
+        self
+    }
+
+    /// Puts the namespace back as it was if the code fails.
+    pub fn rollback_on_failure(mut self) -> Self {
+        self.transaction = Transaction::RollbackOnFailure;
         self
     }
 
@@ -101,6 +110,19 @@ pub enum ExecutionStatus {
     Crashed,
 }
 
+impl ExecutionStatus {
+    /// The status as SPEC.md spells it: `ok`, `error`, `timeout`, `interrupted`, `crashed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutionStatus::Ok => "ok",
+            ExecutionStatus::Error => "error",
+            ExecutionStatus::Timeout => "timeout",
+            ExecutionStatus::Interrupted => "interrupted",
+            ExecutionStatus::Crashed => "crashed",
+        }
+    }
+}
+
 /// The outcome of one execution (the `session.execute` result of SPEC.md §2).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ExecutionResult {
@@ -113,4 +135,16 @@ pub struct ExecutionResult {
     pub display: Vec<DisplayData>,
     pub error: Option<ErrorInfo>,
     pub duration_ms: f64,
+    /// Set when the session's worker died and its state came back from a checkpoint.
+    pub recovered: Option<Recovered>,
+}
+
+/// What a session got back after its worker died (SPEC.md §2 `recovered`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Recovered {
+    /// The checkpoint the namespace was restored from.
+    pub checkpoint_id: String,
+    /// Executions that ran after that checkpoint, whose effects are gone (the one that
+    /// crashed included).
+    pub lost_executions: u64,
 }

@@ -8,14 +8,16 @@ pub mod checkpoint;
 pub mod errors;
 pub mod execution;
 pub mod limits;
+pub mod metrics;
+pub mod pool;
 mod running;
 pub mod session;
 pub mod supervisor;
 pub mod worker;
 
-pub use errors::{SessionError, SpawnError, SupervisorError};
+pub use errors::{PoolError, SessionError, SpawnError, SupervisorError};
 pub use execution::{
     DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
-    OutputStream, ResultValue,
+    OutputStream, Recovered, ResultValue, Transaction,
 };
 pub use limits::{ProcessLimits, SessionLimits};

@@ -7,7 +7,7 @@ use actix::SpawnHandle;
 
 use crate::execution::{
     DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
-    OutputStream, ResultValue,
+    OutputStream, Recovered, ResultValue,
 };
 use crate::session::{EventSender, ExecutionTicket, Queued};
 use crate::worker::{CappedOutput, Utf8Chunker};
@@ -46,6 +46,8 @@ pub(crate) struct Running {
     pub timer: SpawnHandle,
     /// Set while the code waits in `input()`: the timer that answers EOF.
     pub pending_input: Option<SpawnHandle>,
+    /// What the session recovered from a checkpoint, to report with this result.
+    pub recovered: Option<Recovered>,
 }
 
 impl Running {
@@ -62,6 +64,7 @@ impl Running {
             interrupt: None,
             timer,
             pending_input: None,
+            recovered: None,
         }
     }
 
@@ -107,6 +110,7 @@ impl Running {
             display: self.display,
             error,
             duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            recovered: self.recovered,
         };
         let _ = self
             .events

@@ -1,95 +1,54 @@
-//! The Supervisor: owns every session actor and the arbiter threads they run on.
+//! The Supervisor: the root actor of an engine, owning the pool and every session.
 //!
-//! The engine sends it [`CreateSession`], [`ListSessions`] and
-//! [`StopAll`]. It keeps the registry of live sessions (slotmap keys inside, stable string
-//! ids outside), spreads sessions over a few long-lived arbiter threads (a worker's
-//! `PR_SET_PDEATHSIG` is tied to the thread that spawned it), and on stop ends every worker
-//! before it replies.
+//! The engine sends it [`CreateSession`], [`FindSession`], [`ListSessions`], [`GetStats`],
+//! [`Resize`] and [`StopAll`]; sessions tell it [`SessionEnded`]. It keeps the registry of live
+//! sessions (slotmap keys inside, stable ids and unique names outside), gets each new
+//! session's worker from the [`PoolActor`], and starts the session actor under actix
+//! supervision on the arbiter thread that serves that worker's pipes, so a session whose
+//! worker dies is restarted under the same id. A worker's `PR_SET_PDEATHSIG` is tied to the
+//! thread that spawned it, so spawns only happen on these long-lived arbiters. On stop it
+//! refuses new work, lets running executions finish for a grace period, then ends every
+//! worker before it replies.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::time::SystemTime;
 
 use actix::prelude::*;
 use futures::future::join_all;
-use slotmap::{new_key_type, SlotMap};
 use tokio::sync::oneshot;
 
 use crate::errors::SupervisorError;
-use crate::limits::{ProcessLimits, SessionLimits};
-use crate::session::{Close, SessionActor, SessionEnded};
-use crate::worker::{WorkerInfo, WorkerSpec};
+use crate::limits::ProcessLimits;
+use crate::pool::{Acquire, DrainPool, GetPoolStats, Lease, PoolActor, Release, Resize, Slot};
+use crate::session::{
+    Close, CloseState, Drain, SessionActor, SessionEnded, SessionSetup, StateSetup,
+};
+use crate::worker::WorkerSpec;
 
-new_key_type! {
-    /// Internal key of a registered session.
-    struct SessionKey;
-}
+mod messages;
+mod registry;
 
-/// Defaults every new session starts from.
-#[derive(Debug, Clone)]
-pub struct SupervisorConfig {
-    /// How to start a worker; per-session options are applied on top.
-    pub worker: WorkerSpec,
-    /// Default limits of a session.
-    pub limits: SessionLimits,
-    /// Arbiter threads that host session actors.
-    pub arbiters: usize,
-}
-
-/// What a caller may choose about a new session.
-#[derive(Debug, Clone, Default)]
-pub struct SessionOptions {
-    /// Working directory of the worker.
-    pub cwd: Option<PathBuf>,
-    /// Extra environment variables of the worker.
-    pub env: Vec<(String, String)>,
-    /// Limits replacing the engine defaults.
-    pub limits: Option<SessionLimits>,
-}
-
-/// Create a session and start its worker.
-#[derive(Message)]
-#[rtype(result = "Result<SessionHandle, SupervisorError>")]
-pub struct CreateSession {
-    pub options: SessionOptions,
-}
-
-/// A live session: its public id, its actor, and the worker it started with.
-#[derive(Debug, Clone)]
-pub struct SessionHandle {
-    pub session_id: String,
-    pub addr: Addr<SessionActor>,
-    pub worker: WorkerInfo,
-}
-
-/// Ids of every live session.
-#[derive(Message)]
-#[rtype(result = "Vec<String>")]
-pub struct ListSessions;
-
-/// Refuse new sessions, end every worker, and reply when all are gone.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct StopAll;
-
-struct Entry {
-    session_id: String,
-    addr: Addr<SessionActor>,
-}
+pub use messages::{
+    CreateSession, FindSession, GetStats, ListSessions, SessionHandle, SessionOptions,
+    StateOptions, StopAll, SupervisorConfig, SupervisorStats,
+};
+use registry::Registry;
 
 /// The root actor of an engine.
 pub struct Supervisor {
     config: SupervisorConfig,
     arbiters: Vec<Arbiter>,
-    next_arbiter: usize,
-    sessions: SlotMap<SessionKey, Entry>,
-    by_id: HashMap<String, SessionKey>,
+    pool: Option<Addr<PoolActor>>,
+    registry: Registry,
+    /// Names whose session is being created, with the creates that wait to attach to it.
+    creating: HashMap<String, Vec<oneshot::Sender<()>>>,
     id_prefix: String,
     created: u64,
     stopping: bool,
 }
 
 impl Supervisor {
-    /// A supervisor with its own arbiter threads.
+    /// A supervisor with its own arbiter threads; the pool starts with the actor.
     pub fn new(config: SupervisorConfig) -> Self {
         let arbiters = (0..config.arbiters.max(1))
             .map(|_| Arbiter::new())
@@ -97,19 +56,112 @@ impl Supervisor {
         Self {
             config,
             arbiters,
-            next_arbiter: 0,
-            sessions: SlotMap::with_key(),
-            by_id: HashMap::new(),
+            pool: None,
+            registry: Registry::default(),
+            creating: HashMap::new(),
             id_prefix: session_id_prefix(),
             created: 0,
             stopping: false,
         }
     }
 
-    fn next_arbiter(&mut self) -> ArbiterHandle {
-        let arbiter = &self.arbiters[self.next_arbiter % self.arbiters.len()];
-        self.next_arbiter += 1;
-        arbiter.handle()
+    fn pool(&self) -> &Addr<PoolActor> {
+        self.pool
+            .as_ref()
+            .expect("the pool starts with the supervisor")
+    }
+
+    /// The worker a session with `options` needs, when it is not the pool's own kind.
+    fn custom_spec(&self, options: &SessionOptions) -> Option<Box<WorkerSpec>> {
+        let limits = options.limits.as_ref().unwrap_or(&self.config.limits);
+        let process = ProcessLimits::from(limits);
+        let base = &self.config.worker;
+        if options.cwd.is_none() && options.env.is_empty() && process == base.limits {
+            return None;
+        }
+        let mut spec = base.clone();
+        spec.cwd = options.cwd.clone().or(spec.cwd);
+        spec.env.extend(options.env.iter().cloned());
+        spec.limits = process;
+        Some(Box::new(spec))
+    }
+
+    /// Registers a session around a leased worker and starts its actor; `on_disk` says
+    /// whether the session's name has checkpoints to come back from.
+    fn start_session(
+        &mut self,
+        lease: Lease,
+        options: SessionOptions,
+        spec: Option<Box<WorkerSpec>>,
+        on_disk: bool,
+        ctx: &mut Context<Self>,
+    ) -> Result<SessionHandle, SupervisorError> {
+        if self.stopping {
+            // The lease's worker ends as it is dropped.
+            self.pool().do_send(Release);
+            return Err(SupervisorError::ShuttingDown);
+        }
+        self.created += 1;
+        let session_id = format!("{}-{}", self.id_prefix, self.created);
+        let state = self.config.state.as_ref().map(|state| StateSetup {
+            store: state.store.clone(),
+            key: state_key(options.name.as_deref(), &session_id),
+            policy: state.policy,
+            scratch: state.scratch.clone(),
+            restore_on_start: on_disk,
+        });
+        let setup = SessionSetup {
+            state,
+            spec,
+            max_frame: self.config.worker.max_frame,
+            limits: options.limits.unwrap_or_else(|| self.config.limits.clone()),
+            pool: self.pool().clone(),
+            counters: self.config.counters.clone(),
+            on_end: Some(ctx.address().recipient()),
+        };
+        let worker_info = lease.worker.info.clone();
+        let worker = lease.worker;
+        let id = session_id.clone();
+        let addr = actix::Supervisor::start_in_arbiter(&lease.arbiter, move |_| {
+            SessionActor::new(id, worker, setup)
+        });
+        let handle = SessionHandle {
+            session_id,
+            name: options.name,
+            owner: options.owner,
+            addr,
+            created_at: SystemTime::now(),
+            warm: lease.warm,
+            attached: false,
+            worker: Some(worker_info),
+            restored: on_disk,
+        };
+        self.registry.insert(handle.clone());
+        Ok(handle)
+    }
+}
+
+/// A create that found its name taken: the existing session, if the caller may have it.
+fn attach(existing: &SessionHandle, owner: Option<&str>) -> Result<SessionHandle, SupervisorError> {
+    if owner.is_some() && existing.owner.as_deref() != owner {
+        return Err(SupervisorError::NameTaken {
+            name: existing.name.clone().unwrap_or_default(),
+        });
+    }
+    Ok(SessionHandle {
+        attached: true,
+        worker: None,
+        restored: false,
+        ..existing.clone()
+    })
+}
+
+/// The key of a session's checkpoints in the store: its name when it has one (a later
+/// engine finds it by name), else its id.
+fn state_key(name: Option<&str>, session_id: &str) -> String {
+    match name {
+        Some(name) => format!("name:{name}"),
+        None => format!("id:{session_id}"),
     }
 }
 
@@ -128,6 +180,16 @@ fn session_id_prefix() -> String {
 impl Actor for Supervisor {
     type Context = Context<Self>;
 
+    fn started(&mut self, _: &mut Context<Self>) {
+        let arbiters = self.arbiters.iter().map(Arbiter::handle).collect();
+        let pool = PoolActor::new(
+            self.config.pool.clone(),
+            self.config.worker.clone(),
+            arbiters,
+        );
+        self.pool = Some(pool.start());
+    }
+
     fn stopped(&mut self, _: &mut Context<Self>) {
         for arbiter in &self.arbiters {
             arbiter.stop();
@@ -142,50 +204,136 @@ impl Handler<CreateSession> for Supervisor {
         if self.stopping {
             return Box::pin(fut::ready(Err(SupervisorError::ShuttingDown)));
         }
-        self.created += 1;
-        let session_id = format!("{}-{}", self.id_prefix, self.created);
-        let mut spec = self.config.worker.clone();
-        spec.cwd = msg.options.cwd.or(spec.cwd);
-        spec.env.extend(msg.options.env);
-        let limits = msg
-            .options
-            .limits
-            .unwrap_or_else(|| self.config.limits.clone());
-        spec.limits = ProcessLimits::from(&limits);
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let on_end = ctx.address().recipient();
-        let id = session_id.clone();
-        let addr = SessionActor::start_in_arbiter(&self.next_arbiter(), move |_| {
-            SessionActor::new(id, spec, limits, ready_tx, Some(on_end))
+        let options = msg.options;
+        if let Some(name) = options.name.clone() {
+            if let Some(existing) = self.registry.named(&name) {
+                return Box::pin(fut::ready(attach(existing, options.owner.as_deref())));
+            }
+            if let Some(waiting) = self.creating.get_mut(&name) {
+                // Another create of this name is under way: ask again once it is done.
+                let (done, created) = oneshot::channel();
+                waiting.push(done);
+                let supervisor = ctx.address();
+                let retry = async move {
+                    let _ = created.await;
+                    supervisor
+                        .send(CreateSession { options })
+                        .await
+                        .unwrap_or(Err(SupervisorError::ShuttingDown))
+                };
+                return Box::pin(retry.into_actor(self));
+            }
+            self.creating.insert(name, Vec::new());
+        }
+        let spec = self.custom_spec(&options);
+        let acquire = self.pool().send(Acquire {
+            spec: spec.clone(),
+            slot: Slot::New,
         });
-        Box::pin(ready_rx.into_actor(self).map(move |ready, act, _| {
-            let worker = match ready {
-                Ok(Ok(info)) => info,
-                Ok(Err(err)) => return Err(SupervisorError::Spawn(err)),
-                Err(_) => return Err(SupervisorError::ShuttingDown),
+        let store = self.config.state.as_ref().map(|state| state.store.clone());
+        let key = options
+            .name
+            .as_deref()
+            .map(|name| state_key(Some(name), ""));
+        let looked_up = async move {
+            let on_disk = match (store, key) {
+                (Some(store), Some(key)) => tokio::task::spawn_blocking(move || {
+                    store.list(&key).is_ok_and(|list| !list.is_empty())
+                })
+                .await
+                .unwrap_or(false),
+                _ => false,
             };
-            let key = act.sessions.insert(Entry {
-                session_id: session_id.clone(),
-                addr: addr.clone(),
-            });
-            act.by_id.insert(session_id.clone(), key);
-            Ok(SessionHandle {
-                session_id,
-                addr,
-                worker,
+            (acquire.await, on_disk)
+        };
+        Box::pin(
+            looked_up
+                .into_actor(self)
+                .map(move |(outcome, on_disk), act, ctx| {
+                    if let Some(name) = &options.name {
+                        for waiting in act.creating.remove(name).unwrap_or_default() {
+                            let _ = waiting.send(());
+                        }
+                    }
+                    match outcome {
+                        Ok(Ok(lease)) => act.start_session(lease, options, spec, on_disk, ctx),
+                        Ok(Err(err)) => Err(err.into()),
+                        Err(_) => Err(SupervisorError::ShuttingDown),
+                    }
+                }),
+        )
+    }
+}
+
+impl Handler<FindSession> for Supervisor {
+    type Result = ResponseFuture<Result<SessionHandle, SupervisorError>>;
+
+    /// A live session, or a named one an earlier engine left on disk (created and restored
+    /// on this first use).
+    fn handle(&mut self, msg: FindSession, ctx: &mut Context<Self>) -> Self::Result {
+        if let Some(found) = self.registry.find(&msg.session, msg.owner.as_deref()) {
+            let found = found.clone();
+            return Box::pin(async move { Ok(found) });
+        }
+        let unknown = SupervisorError::UnknownSession {
+            session: msg.session.clone(),
+        };
+        let Some(store) = self.config.state.as_ref().map(|state| state.store.clone()) else {
+            return Box::pin(async move { Err(unknown) });
+        };
+        let supervisor = ctx.address();
+        Box::pin(async move {
+            let key = state_key(Some(&msg.session), "");
+            let on_disk = tokio::task::spawn_blocking(move || {
+                store.list(&key).is_ok_and(|list| !list.is_empty())
+            })
+            .await
+            .unwrap_or(false);
+            if !on_disk {
+                return Err(unknown);
+            }
+            let options = SessionOptions {
+                name: Some(msg.session),
+                owner: msg.owner,
+                ..SessionOptions::default()
+            };
+            supervisor
+                .send(CreateSession { options })
+                .await
+                .unwrap_or(Err(SupervisorError::ShuttingDown))
+        })
+    }
+}
+
+impl Handler<ListSessions> for Supervisor {
+    type Result = Vec<SessionHandle>;
+
+    fn handle(&mut self, msg: ListSessions, _: &mut Context<Self>) -> Self::Result {
+        self.registry.list(msg.owner.as_deref())
+    }
+}
+
+impl Handler<GetStats> for Supervisor {
+    type Result = ResponseActFuture<Self, Result<messages::SupervisorStats, SupervisorError>>;
+
+    fn handle(&mut self, _: GetStats, _: &mut Context<Self>) -> Self::Result {
+        let pool = self.pool().send(GetPoolStats);
+        Box::pin(pool.into_actor(self).map(|pool, act, _| {
+            Ok(SupervisorStats {
+                pool: pool.map_err(|_| SupervisorError::ShuttingDown)?,
+                sessions: act.registry.len(),
             })
         }))
     }
 }
 
-impl Handler<ListSessions> for Supervisor {
-    type Result = Vec<String>;
+/// New pool sizes, passed on to the pool.
+impl Handler<Resize> for Supervisor {
+    type Result = ();
 
-    fn handle(&mut self, _: ListSessions, _: &mut Context<Self>) -> Vec<String> {
-        self.sessions
-            .values()
-            .map(|entry| entry.session_id.clone())
-            .collect()
+    fn handle(&mut self, msg: Resize, _: &mut Context<Self>) {
+        self.config.pool = msg.0.clone();
+        self.pool().do_send(msg);
     }
 }
 
@@ -193,8 +341,8 @@ impl Handler<SessionEnded> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, msg: SessionEnded, _: &mut Context<Self>) {
-        if let Some(key) = self.by_id.remove(&msg.session_id) {
-            self.sessions.remove(key);
+        if self.registry.remove(&msg.session_id).is_some() {
+            self.pool().do_send(Release);
         }
     }
 }
@@ -202,15 +350,25 @@ impl Handler<SessionEnded> for Supervisor {
 impl Handler<StopAll> for Supervisor {
     type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _: StopAll, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: StopAll, _: &mut Context<Self>) -> Self::Result {
         self.stopping = true;
-        let closing: Vec<_> = self
-            .sessions
-            .values()
-            .map(|entry| entry.addr.send(Close { graceful: false }))
-            .collect();
+        self.pool().do_send(DrainPool);
+        let state = if msg.checkpoint && self.config.state.is_some() {
+            CloseState::Checkpoint
+        } else {
+            CloseState::Keep
+        };
+        let sessions: Vec<_> = self.registry.handles().map(|h| h.addr.clone()).collect();
         Box::pin(async move {
-            join_all(closing).await;
+            let drained = join_all(sessions.iter().map(|addr| addr.send(Drain)));
+            let _ = tokio::time::timeout(msg.grace, drained).await;
+            join_all(sessions.iter().map(|addr| {
+                addr.send(Close {
+                    graceful: false,
+                    state,
+                })
+            }))
+            .await;
         })
     }
 }

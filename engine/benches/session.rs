@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
-use pyvisor::{Engine, EngineConfig, ExecuteRequest, ExecutionEvent, Session};
+use pyvisor::{Engine, EngineConfig, ExecuteRequest, ExecutionEvent, PoolConfig, Session};
 
 /// The floor: read a frame, `exec(compile(code))`, reply. Nothing else.
 const FLOOR_LOOP: &str = r#"
@@ -110,7 +110,8 @@ fn floor_round_trips(python: &str, placement: Placement, n: usize) -> Vec<Durati
 
 async fn session_on(engine: &Engine, placement: Placement) -> Session {
     let session = engine.create_session(Default::default()).await.unwrap();
-    pin(session.pid(), placement.worker_cpu());
+    let pid = session.pid().expect("a created session knows its worker");
+    pin(pid, placement.worker_cpu());
     session.run("import time").await.unwrap();
     session
 }
@@ -201,18 +202,6 @@ async fn input_round_trips(session: &Session, n: usize) -> Vec<Duration> {
     samples
 }
 
-/// Cold spawn: a new session with a fresh interpreter, until it has said hello.
-async fn cold_spawns(engine: &Engine, n: usize) -> Vec<Duration> {
-    let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
-        let start = Instant::now();
-        let session = engine.create_session(Default::default()).await.unwrap();
-        samples.push(start.elapsed());
-        session.close().await.unwrap();
-    }
-    samples
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     if std::env::args().any(|a| a == "--list") {
@@ -224,7 +213,16 @@ async fn main() {
     // The host (this thread and every engine thread created after this) runs on CPU 0.
     pin(0, 0);
     let python = real_python();
-    let engine = Engine::start(EngineConfig::default()).await.unwrap();
+    // No ready workers in the background: only the measured session's worker runs.
+    let engine = Engine::start(EngineConfig {
+        pool: PoolConfig {
+            min_idle: 0,
+            ..PoolConfig::default()
+        },
+        ..EngineConfig::default()
+    })
+    .await
+    .unwrap();
     println!("pyvisor session benchmarks, {n} samples each (host pinned to CPU 0)\n");
     for placement in [Placement::SameCore, Placement::CrossCore] {
         let floor = report(
@@ -263,9 +261,4 @@ async fn main() {
         session.close().await.unwrap();
         println!();
     }
-    report(
-        "cold spawn to ready (create_session)",
-        Placement::SameCore,
-        cold_spawns(&engine, if quick { 10 } else { 50 }).await,
-    );
 }

@@ -3,14 +3,25 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pyvisor_actors::checkpoint::{DEFAULT_MAX_BYTES, DEFAULT_RETENTION};
+use pyvisor_actors::pool::PoolConfig;
+use pyvisor_actors::session::AutoCheckpoint;
 use pyvisor_actors::SessionLimits;
 use pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES;
 
 /// How an [`crate::Engine`] runs its workers.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Python interpreter: a name on `PATH` or a path. Resolved once to the real binary.
+    /// Python interpreter of the pool's workers: a name on `PATH` or a path. Resolved once
+    /// to the real binary.
     pub python: String,
+    /// Sizes of the pool of ready workers.
+    pub pool: PoolConfig,
+    /// Modules every worker has imported before it counts as ready (e.g. `pandas`).
+    pub preload: Vec<String>,
+    /// Fork workers from a zygote process that has `preload` imported, instead of starting
+    /// each interpreter from scratch (plain spawns remain the fallback).
+    pub zygote: bool,
     /// Default limits of every session.
     pub limits: SessionLimits,
     /// Where the worker script is installed; `$XDG_CACHE_HOME/pyvisor` when `None`.
@@ -23,12 +34,45 @@ pub struct EngineConfig {
     pub arbiters: usize,
     /// Contain each worker in a cgroup leaf when the host allows it (else rlimits only).
     pub use_cgroups: bool,
+    /// Where and how sessions keep checkpoints.
+    pub state: StateConfig,
+}
+
+/// Checkpoint settings: where they live, how many, how big, and when they are taken.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    /// Keep checkpoints at all. Without them a crashed worker comes back empty.
+    pub enabled: bool,
+    /// The state directory; `$XDG_STATE_HOME/pyvisor` (else `~/.local/state/pyvisor`) when
+    /// `None`.
+    pub dir: Option<PathBuf>,
+    /// Checkpoints kept per session, newest first.
+    pub retention: usize,
+    /// Largest checkpoint payload; a larger one fails with a "limit exceeded" error.
+    pub max_bytes: usize,
+    /// When sessions checkpoint by themselves.
+    pub auto: AutoCheckpoint,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            dir: None,
+            retention: DEFAULT_RETENTION.get(),
+            max_bytes: DEFAULT_MAX_BYTES,
+            auto: AutoCheckpoint::default(),
+        }
+    }
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             python: "python3".into(),
+            pool: PoolConfig::default(),
+            preload: Vec::new(),
+            zygote: true,
             limits: SessionLimits::default(),
             cache_dir: None,
             handshake_timeout: Duration::from_secs(10),
@@ -37,6 +81,7 @@ impl Default for EngineConfig {
                 .map(|n| n.get().min(4))
                 .unwrap_or(1),
             use_cgroups: true,
+            state: StateConfig::default(),
         }
     }
 }

@@ -5,21 +5,32 @@
 //! is `Clone + Send + Sync` and usable from any async runtime. When the last handle is
 //! dropped, the thread ends every worker, stops the system, and is joined.
 
+use std::num::NonZeroUsize;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, ThreadId};
+use std::time::Duration;
 
 use actix::prelude::*;
+use pyvisor_actors::checkpoint::{
+    default_state_dir, CheckpointStore, CheckpointStoreConfig, DEFAULT_RETENTION,
+};
+use pyvisor_actors::metrics::EngineCounters;
+use pyvisor_actors::pool::{PoolConfig, PoolStats, Resize};
 use pyvisor_actors::supervisor::{
-    CreateSession, ListSessions, SessionOptions, StopAll, Supervisor, SupervisorConfig,
+    CreateSession, FindSession, GetStats, ListSessions, SessionOptions, StateOptions, StopAll,
+    Supervisor, SupervisorConfig,
 };
 use pyvisor_actors::worker::{
-    install_worker_script, resolve_interpreter, CgroupManager, CgroupMechanism, Janitor, WorkerSpec,
+    install_worker_script, resolve_interpreter, CgroupManager, CgroupMechanism, Janitor,
+    WorkerSpec, Zygote,
 };
 use pyvisor_actors::ProcessLimits;
 use tokio::sync::oneshot;
 
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, StateConfig};
 use crate::errors::EngineError;
+use crate::scratch::Scratch;
 use crate::session::Session;
 
 /// A running pyvisor engine. Cheap to clone; the last clone dropped stops it.
@@ -28,8 +39,23 @@ pub struct Engine {
     inner: Arc<EngineInner>,
 }
 
+/// The figures of `engine.stats` (SPEC.md §2) that exist so far.
+#[derive(Debug, Clone)]
+pub struct EngineStats {
+    pub pool: PoolStats,
+    /// Live sessions.
+    pub sessions: usize,
+    /// Executions that ran on a worker and ended, whatever their status.
+    pub executions: u64,
+    /// Workers that died while their session still wanted them.
+    pub crashes: u64,
+    /// Namespaces brought back from a checkpoint.
+    pub restores: u64,
+}
+
 struct EngineInner {
     supervisor: Addr<Supervisor>,
+    counters: Arc<EngineCounters>,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: ThreadId,
@@ -40,15 +66,18 @@ impl Engine {
     pub async fn start(config: EngineConfig) -> Result<Engine, EngineError> {
         let (ready_tx, ready_rx) = oneshot::channel();
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
+        let counters = Arc::new(EngineCounters::default());
+        let shared = counters.clone();
         let thread = thread::Builder::new()
             .name("pyvisor-engine".into())
-            .spawn(move || run_system(config, ready_tx, shutdown_rx))
+            .spawn(move || run_system(config, shared, ready_tx, shutdown_rx))
             .map_err(|e| EngineError::Start(format!("spawn the engine thread: {e}")))?;
         let thread_id = thread.thread().id();
         match ready_rx.await {
             Ok(Ok(supervisor)) => Ok(Engine {
                 inner: Arc::new(EngineInner {
                     supervisor,
+                    counters,
                     shutdown: Mutex::new(Some(shutdown_tx)),
                     thread: Mutex::new(Some(thread)),
                     thread_id,
@@ -67,7 +96,8 @@ impl Engine {
         }
     }
 
-    /// Creates a session with a fresh worker.
+    /// Creates a session with a worker from the pool; with the `name` of a live session,
+    /// returns that session instead ([`Session::attached`] tells).
     pub async fn create_session(&self, options: SessionOptions) -> Result<Session, EngineError> {
         let handle = self
             .inner
@@ -77,19 +107,74 @@ impl Engine {
         Ok(Session::new(handle))
     }
 
-    /// Ids of every live session.
-    pub async fn session_ids(&self) -> Result<Vec<String>, EngineError> {
-        Ok(self.inner.supervisor.send(ListSessions).await?)
+    /// The live session with this id or name. With an `owner`, only that owner's sessions
+    /// are found.
+    pub async fn session(
+        &self,
+        session: &str,
+        owner: Option<&str>,
+    ) -> Result<Session, EngineError> {
+        let handle = self
+            .inner
+            .supervisor
+            .send(FindSession {
+                session: session.to_owned(),
+                owner: owner.map(str::to_owned),
+            })
+            .await??;
+        Ok(Session::new(handle))
+    }
+
+    /// Every live session, oldest first; with an `owner`, only that owner's.
+    pub async fn sessions(&self, owner: Option<&str>) -> Result<Vec<Session>, EngineError> {
+        let handles = self
+            .inner
+            .supervisor
+            .send(ListSessions {
+                owner: owner.map(str::to_owned),
+            })
+            .await?;
+        Ok(handles.into_iter().map(Session::new).collect())
+    }
+
+    /// The pool's figures and the engine's totals.
+    pub async fn stats(&self) -> Result<EngineStats, EngineError> {
+        let supervisor = self.inner.supervisor.send(GetStats).await??;
+        Ok(EngineStats {
+            pool: supervisor.pool,
+            sessions: supervisor.sessions,
+            executions: self.inner.counters.executions(),
+            crashes: self.inner.counters.crashes(),
+            restores: self.inner.counters.restores(),
+        })
+    }
+
+    /// Applies new pool sizes to the running pool; sessions are not touched.
+    pub async fn resize_pool(&self, config: PoolConfig) -> Result<(), EngineError> {
+        Ok(self.inner.supervisor.send(Resize(config)).await?)
+    }
+
+    /// Graceful stop: refuses new sessions and executions, lets running executions finish
+    /// for up to `grace`, takes a last checkpoint of every session, then ends every worker.
+    /// Returns when they are gone; the engine serves nothing afterwards.
+    pub async fn shutdown(&self, grace: Duration) -> Result<(), EngineError> {
+        let stop = StopAll {
+            grace,
+            checkpoint: true,
+        };
+        Ok(self.inner.supervisor.send(stop).await?)
     }
 }
 
 /// Body of the engine thread: start the system, serve until shutdown, end every worker.
 fn run_system(
     config: EngineConfig,
+    counters: Arc<EngineCounters>,
     ready: oneshot::Sender<Result<Addr<Supervisor>, EngineError>>,
     shutdown: oneshot::Receiver<()>,
 ) {
-    let supervisor_config = match supervisor_config(&config) {
+    // The scratch directory lives as long as this thread, so it outlives every worker.
+    let (supervisor_config, _scratch) = match supervisor_config(&config, counters) {
         Ok(c) => c,
         Err(err) => {
             let _ = ready.send(Err(err));
@@ -104,17 +189,28 @@ fn run_system(
         }
         // Both an explicit shutdown and a dropped sender mean: stop.
         let _ = shutdown.await;
-        let _ = supervisor.send(StopAll).await;
+        let _ = supervisor
+            .send(StopAll {
+                grace: Duration::ZERO,
+                checkpoint: false,
+            })
+            .await;
         System::current().stop();
     });
 }
 
-/// Resolves the interpreter and installs the worker script (blocking; engine thread only).
-fn supervisor_config(config: &EngineConfig) -> Result<SupervisorConfig, EngineError> {
+/// Resolves the interpreter, installs the worker script, starts the janitor and the zygote,
+/// and opens the checkpoint store (blocking; engine thread only).
+fn supervisor_config(
+    config: &EngineConfig,
+    counters: Arc<EngineCounters>,
+) -> Result<(SupervisorConfig, Option<Scratch>), EngineError> {
     let python = resolve_interpreter(&config.python)?;
     let script = install_worker_script(&config.cache_dir())?;
     let janitor = Arc::new(Janitor::start(&python)?);
-    Ok(SupervisorConfig {
+    let zygote = start_zygote(config, &python, &script, &janitor);
+    let (state, scratch) = open_state(&config.state)?.unzip();
+    let supervisor = SupervisorConfig {
         worker: WorkerSpec {
             python,
             script,
@@ -131,10 +227,66 @@ fn supervisor_config(config: &EngineConfig) -> Result<SupervisorConfig, EngineEr
                 })
                 .flatten(),
             janitor: Some(janitor),
+            preload: config.preload.clone(),
+            zygote,
         },
         limits: config.limits.clone(),
         arbiters: config.arbiters,
-    })
+        pool: config.pool.clone(),
+        counters,
+        state,
+    };
+    Ok((supervisor, scratch))
+}
+
+/// Opens the checkpoint store and this engine's scratch directory (blocking).
+fn open_state(config: &StateConfig) -> Result<Option<(StateOptions, Scratch)>, EngineError> {
+    if !config.enabled {
+        return Ok(None);
+    }
+    let fail =
+        |what: &str, err: &dyn std::fmt::Display| EngineError::Start(format!("{what}: {err}"));
+    let dir = match &config.dir {
+        Some(dir) => dir.clone(),
+        None => default_state_dir().map_err(|e| fail("find the state directory", &e))?,
+    };
+    let mut store_config = CheckpointStoreConfig::new(&dir);
+    store_config.retention = NonZeroUsize::new(config.retention).unwrap_or(DEFAULT_RETENTION);
+    store_config.max_bytes = config.max_bytes;
+    let store =
+        CheckpointStore::open(store_config).map_err(|e| fail("open the checkpoint store", &e))?;
+    let scratch = Scratch::create(&dir).map_err(|e| fail("create the scratch directory", &e))?;
+    let options = StateOptions {
+        store,
+        policy: config.auto,
+        scratch: scratch.path().to_owned(),
+    };
+    Ok(Some((options, scratch)))
+}
+
+/// The zygote of `config`, if it asks for one and one starts; plain spawns otherwise.
+fn start_zygote(
+    config: &EngineConfig,
+    python: &Path,
+    script: &Path,
+    janitor: &Arc<Janitor>,
+) -> Option<Arc<Zygote>> {
+    if !config.zygote {
+        return None;
+    }
+    match Zygote::start(
+        python,
+        script,
+        &config.preload,
+        Some(janitor.clone()),
+        config.handshake_timeout,
+    ) {
+        Ok(zygote) => Some(Arc::new(zygote)),
+        Err(err) => {
+            tracing::warn!(error = %err, "no zygote; every worker is a fresh interpreter");
+            None
+        }
+    }
 }
 
 impl Drop for EngineInner {

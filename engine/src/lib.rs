@@ -19,15 +19,21 @@
 pub mod config;
 mod engine;
 pub mod errors;
+mod scratch;
 mod session;
 
-pub use config::EngineConfig;
-pub use engine::Engine;
+pub use config::{EngineConfig, StateConfig};
+pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;
-pub use pyvisor_actors::session::{SessionPhase, SessionSnapshot};
+pub use pyvisor_actors::checkpoint::CheckpointInfo;
+pub use pyvisor_actors::pool::{PoolConfig, PoolStats};
+pub use pyvisor_actors::session::{
+    AutoCheckpoint, CheckpointSummary, Inspection, RestoreSummary, SessionPhase, SessionSnapshot,
+};
 pub use pyvisor_actors::supervisor::SessionOptions;
 pub use pyvisor_actors::{
     DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
-    OutputStream, ResultValue, SessionLimits,
+    OutputStream, PoolError, Recovered, ResultValue, SessionError, SessionLimits, SupervisorError,
+    Transaction,
 };
 pub use session::{Execution, Session};

@@ -2,12 +2,15 @@
 //! the stream of events of one run.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
-use actix::Addr;
 use futures::Stream;
+use pyvisor_actors::checkpoint::{CheckpointId, CheckpointInfo};
 use pyvisor_actors::session::{
-    Close, Execute, ExecutionTicket, GetInfo, Interrupt, SendInput, SessionActor, SessionSnapshot,
+    CheckpointNow, CheckpointSummary, Close, CloseState, Execute, ExecutionTicket, GetInfo,
+    Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary, SendInput, SessionSnapshot,
 };
 use pyvisor_actors::supervisor::SessionHandle;
 use pyvisor_actors::{ExecuteRequest, ExecutionEvent, ExecutionResult, SessionError};
@@ -18,35 +21,57 @@ use crate::errors::EngineError;
 /// A persistent Python session. Cheap to clone; every clone talks to the same namespace.
 #[derive(Debug, Clone)]
 pub struct Session {
-    id: String,
-    pid: u32,
-    python_version: String,
-    addr: Addr<SessionActor>,
+    handle: SessionHandle,
 }
 
 impl Session {
     pub(crate) fn new(handle: SessionHandle) -> Self {
-        Self {
-            id: handle.session_id,
-            pid: handle.worker.pid,
-            python_version: handle.worker.python_version,
-            addr: handle.addr,
-        }
+        Self { handle }
     }
 
     /// The stable public id of the session.
     pub fn id(&self) -> &str {
-        &self.id
+        &self.handle.session_id
     }
 
-    /// Process id of the worker the session started with.
-    pub fn pid(&self) -> u32 {
-        self.pid
+    /// The name the session was created with.
+    pub fn name(&self) -> Option<&str> {
+        self.handle.name.as_deref()
     }
 
-    /// Version of the session's Python interpreter, e.g. `3.11.7`.
-    pub fn python_version(&self) -> &str {
-        &self.python_version
+    /// The owner the session was created with.
+    pub fn owner(&self) -> Option<&str> {
+        self.handle.owner.as_deref()
+    }
+
+    /// When the session was created.
+    pub fn created_at(&self) -> SystemTime {
+        self.handle.created_at
+    }
+
+    /// Whether the session's first worker came ready from the pool.
+    pub fn warm(&self) -> bool {
+        self.handle.warm
+    }
+
+    /// Whether this handle came from a `create_session` whose name was already taken by
+    /// this (older) session.
+    pub fn attached(&self) -> bool {
+        self.handle.attached
+    }
+
+    /// Process id of the worker the session was created with. Known only to the handle
+    /// that created it: handles from a lookup or an attach ask [`Self::info`].
+    pub fn pid(&self) -> Option<u32> {
+        self.handle.worker.as_ref().map(|worker| worker.pid)
+    }
+
+    /// Version of the session's Python interpreter, e.g. `3.11.7`; known like [`Self::pid`].
+    pub fn python_version(&self) -> Option<&str> {
+        self.handle
+            .worker
+            .as_ref()
+            .map(|worker| worker.python_version.as_str())
     }
 
     /// Queues `request` and returns the stream of its events, ending in its result.
@@ -56,6 +81,7 @@ impl Session {
     ) -> Result<Execution, EngineError> {
         let (events_tx, events) = mpsc::unbounded_channel();
         let ticket = self
+            .handle
             .addr
             .send(Execute {
                 request: request.into(),
@@ -64,7 +90,7 @@ impl Session {
             .await??;
         Ok(Execution {
             ticket,
-            session_id: self.id.clone(),
+            session_id: self.handle.session_id.clone(),
             events,
             finished: false,
         })
@@ -77,7 +103,7 @@ impl Session {
     /// which saves a round trip to the actor thread on the hot path.
     pub async fn run(&self, code: impl Into<String>) -> Result<ExecutionResult, EngineError> {
         let (events_tx, mut events) = mpsc::unbounded_channel();
-        self.addr.do_send(Execute {
+        self.handle.addr.do_send(Execute {
             request: ExecuteRequest::new(code),
             events: events_tx,
         });
@@ -97,7 +123,8 @@ impl Session {
         execution_id: &str,
         value: Option<String>,
     ) -> Result<(), EngineError> {
-        self.addr
+        self.handle
+            .addr
             .send(SendInput {
                 execution_id: execution_id.to_owned(),
                 value,
@@ -108,17 +135,67 @@ impl Session {
 
     /// Raises `KeyboardInterrupt` in the running code; false if nothing was running.
     pub async fn interrupt(&self) -> Result<bool, EngineError> {
-        Ok(self.addr.send(Interrupt).await?)
+        Ok(self.handle.addr.send(Interrupt).await?)
     }
 
     /// A snapshot of the session's state.
     pub async fn info(&self) -> Result<SessionSnapshot, EngineError> {
-        Ok(self.addr.send(GetInfo).await?)
+        Ok(self.handle.addr.send(GetInfo).await?)
     }
 
-    /// Ends the session and its worker; returns once the worker is gone.
+    /// Whether the session came back from checkpoints an earlier engine left on disk.
+    pub fn restored(&self) -> bool {
+        self.handle.restored
+    }
+
+    /// Checkpoints the namespace as it is once the running execution (if any) ends.
+    pub async fn checkpoint(&self) -> Result<CheckpointSummary, EngineError> {
+        Ok(self.handle.addr.send(CheckpointNow).await??)
+    }
+
+    /// Puts the namespace back as checkpoint `checkpoint_id` (`c-N`; the latest when `None`)
+    /// saved it. Names the session has now and the checkpoint does not are removed.
+    pub async fn restore(
+        &self,
+        checkpoint_id: Option<&str>,
+    ) -> Result<RestoreSummary, EngineError> {
+        let checkpoint_id = checkpoint_id
+            .map(str::parse::<CheckpointId>)
+            .transpose()
+            .map_err(|err| SessionError::Checkpoint {
+                session_id: self.id().to_owned(),
+                source: Arc::new(err),
+            })?;
+        Ok(self
+            .handle
+            .addr
+            .send(RestoreCheckpoint { checkpoint_id })
+            .await??)
+    }
+
+    /// The session's checkpoints, newest first.
+    pub async fn checkpoints(&self) -> Result<Vec<CheckpointInfo>, EngineError> {
+        Ok(self.handle.addr.send(ListCheckpoints).await??)
+    }
+
+    /// Ends the session and its worker, and deletes its checkpoints; returns once the worker
+    /// is gone.
     pub async fn close(self) -> Result<(), EngineError> {
-        Ok(self.addr.send(Close { graceful: true }).await?)
+        let close = Close {
+            graceful: true,
+            state: CloseState::Forget,
+        };
+        Ok(self.handle.addr.send(close).await?)
+    }
+
+    /// Takes a last checkpoint, then ends the session and its worker. A named session's
+    /// checkpoints stay on disk, so that a later engine brings it back on first use.
+    pub async fn close_with_checkpoint(self) -> Result<(), EngineError> {
+        let close = Close {
+            graceful: true,
+            state: CloseState::Checkpoint,
+        };
+        Ok(self.handle.addr.send(close).await?)
     }
 }
 

@@ -109,6 +109,7 @@ mod tests {
             id: "e-1".into(),
             code: code.into(),
             repr_limit: 64,
+            transaction: Default::default(),
         }
     }
 

@@ -3,8 +3,10 @@
 //! The host and a worker talk over two pipes (fd 3: host → worker, fd 4: worker → host).
 //! Every message is one frame: a 4-byte big-endian length followed by that many bytes of
 //! UTF-8 JSON. [`messages`] defines what travels in a frame; [`frame`] turns bytes into
-//! frames and back without ever panicking on hostile input. This crate has no runtime policy:
-//! no actix, no tokio, so it can be used by any host or test harness.
+//! frames and back without ever panicking on hostile input. The zygote, which forks workers,
+//! exchanges its own messages (also in [`messages`]) as unframed datagrams on a socket. This
+//! crate has no runtime policy: no actix, no tokio, so it can be used by any host or test
+//! harness.
 
 pub mod errors;
 pub mod frame;
@@ -13,5 +15,6 @@ pub mod messages;
 pub use errors::FrameError;
 pub use frame::{encode_frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER_BYTES};
 pub use messages::{
-    ErrorInfo, HostMessage, ResultValue, WorkerMessage, WorkerStatus, PROTOCOL_VERSION,
+    Definition, ErrorInfo, HostMessage, LostName, ResultValue, Rlimit, RlimitResource, Transaction,
+    Variable, WorkerMessage, WorkerStatus, ZygoteReply, ZygoteRequest, PROTOCOL_VERSION,
 };

@@ -1,8 +1,9 @@
 //! The messages exchanged between the host and a worker, one per frame.
 //!
 //! [`HostMessage`] travels on fd 3 (host → worker), [`WorkerMessage`] on fd 4
-//! (worker → host). Both are JSON objects tagged by a `type` field; pyworker/worker.py
-//! documents the same shapes from the Python side.
+//! (worker → host). [`ZygoteRequest`] and [`ZygoteReply`] travel on the zygote's control
+//! socket, one per datagram and unframed. All are JSON objects tagged by a `type` field;
+//! pyworker/worker.py documents the same shapes from the Python side.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,11 +20,43 @@ pub enum HostMessage {
         code: String,
         /// Longest repr of the final expression the worker returns, in bytes.
         repr_limit: usize,
+        /// What happens to the namespace when the code fails.
+        #[serde(default)]
+        transaction: Transaction,
     },
     /// Answer to an [`WorkerMessage::InputRequest`]; `None` makes `input()` raise `EOFError`.
     InputReply { id: String, value: Option<String> },
     /// Ask the worker to exit cleanly.
     Shutdown,
+    /// Lets a worker forked by the zygote run: the host has contained it (janitor, cgroup).
+    Start,
+    /// Save the namespace to the file `path`, between executions; with `background`, in a
+    /// forked child so that the worker goes on serving while it is written.
+    Checkpoint {
+        id: String,
+        path: String,
+        background: bool,
+    },
+    /// Load the namespace saved in the file `path`, between executions; with `clear`, the
+    /// names the session has now are removed first.
+    Restore {
+        id: String,
+        path: String,
+        clear: bool,
+    },
+    /// Describe the namespace; answered at once, also while code runs.
+    Inspect { id: String },
+}
+
+/// What an execution does to the namespace when it fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transaction {
+    /// Whatever the code changed before it failed stays changed.
+    #[default]
+    CommitAlways,
+    /// A failed execution leaves the namespace as it was before it started.
+    RollbackOnFailure,
 }
 
 /// A message from a worker to the host.
@@ -55,7 +88,64 @@ pub enum WorkerMessage {
         status: WorkerStatus,
         result: Option<ResultValue>,
         error: Option<ErrorInfo>,
+        /// Whether the code may have changed the namespace (a binding or an object in it).
+        #[serde(default)]
+        changed: bool,
+        /// Whether a failed `rollback_on_failure` execution put the namespace back.
+        #[serde(default)]
+        rolled_back: bool,
     },
+    /// The checkpoint `id` is written (or `error` says why not).
+    CheckpointDone {
+        id: String,
+        /// Size of the file written.
+        bytes: u64,
+        saved: Vec<String>,
+        lost: Vec<LostName>,
+        error: Option<String>,
+    },
+    /// The restore `id` is done (or `error` says why it could not start).
+    RestoreDone {
+        id: String,
+        restored: Vec<String>,
+        lost: Vec<LostName>,
+        error: Option<String>,
+    },
+    /// The namespace as the inspect `id` found it.
+    InspectDone {
+        id: String,
+        variables: Vec<Variable>,
+        /// Functions, classes and lambdas defined in the session, with their source.
+        definitions: Vec<Definition>,
+        /// Resident memory of the worker process.
+        rss_bytes: Option<u64>,
+    },
+}
+
+/// A name a checkpoint could not save, or a restore could not bring back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostName {
+    pub name: String,
+    pub reason: String,
+}
+
+/// One name of the namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Variable {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// Approximate size of the value (`sys.getsizeof`, deep for containers of known types).
+    pub size_bytes: Option<u64>,
+}
+
+/// A function, class or lambda defined by the session's code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Definition {
+    pub name: String,
+    /// `function`, `class` or `lambda`.
+    pub kind: String,
+    pub source: String,
 }
 
 /// How an execution ended, as the worker sees it.
@@ -84,4 +174,86 @@ pub struct ErrorInfo {
     pub type_name: String,
     pub message: String,
     pub traceback: Vec<String>,
+}
+
+/// A request from the host to the zygote (fork server), on its control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ZygoteRequest {
+    /// Fork a worker. The datagram carries the child's fds 0-4 (stdin, stdout, stderr,
+    /// request pipe, reply pipe) as `SCM_RIGHTS`, in that order.
+    Fork {
+        id: u64,
+        /// Working directory of the child; the zygote's when `None`.
+        cwd: Option<String>,
+        /// Environment variables set in the child on top of the zygote's.
+        env: Vec<(String, String)>,
+        /// Limits the child sets on itself before it waits for [`HostMessage::Start`].
+        rlimits: Vec<Rlimit>,
+    },
+}
+
+/// A message from the zygote to the host, on its control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ZygoteReply {
+    /// Sent once, when the preload modules are imported and forks can be served.
+    Ready { pid: u32 },
+    /// The zygote cannot go on (a preload import failed, or its loop broke) and exits.
+    Failed { reason: String },
+    /// The fork request `id` made the child `pid`, now waiting for its start frame.
+    Forked { id: u64, pid: u32 },
+    /// The fork request `id` made no child.
+    ForkFailed { id: u64, reason: String },
+    /// A child has exited and been reaped; `status` is the raw wait status.
+    Exited { pid: u32, status: i32 },
+}
+
+/// One resource limit: `soft` and `hard` as `setrlimit` takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimit {
+    pub resource: RlimitResource,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// The resource limits a worker may be given (`RLIMIT_<NAME>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RlimitResource {
+    Core,
+    Cpu,
+    Nofile,
+    As,
+    Nproc,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zygote_messages_use_the_documented_shapes() {
+        let request = ZygoteRequest::Fork {
+            id: 7,
+            cwd: None,
+            env: vec![("A".into(), "1".into())],
+            rlimits: vec![Rlimit {
+                resource: RlimitResource::Nofile,
+                soft: 256,
+                hard: 256,
+            }],
+        };
+        assert_eq!(
+            serde_json::to_string(&request).unwrap(),
+            r#"{"type":"fork","id":7,"cwd":null,"env":[["A","1"]],"rlimits":[{"resource":"nofile","soft":256,"hard":256}]}"#
+        );
+        let reply: ZygoteReply =
+            serde_json::from_str(r#"{"type":"exited","pid":12,"status":9}"#).unwrap();
+        assert_eq!(reply, ZygoteReply::Exited { pid: 12, status: 9 });
+        assert_eq!(
+            serde_json::to_string(&HostMessage::Start).unwrap(),
+            r#"{"type":"start"}"#
+        );
+    }
 }

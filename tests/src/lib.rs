@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests: start an engine, run code, collect events.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -10,9 +11,23 @@ pub async fn engine() -> Engine {
     engine_with(EngineConfig::default()).await
 }
 
-/// An engine with `config`.
-pub async fn engine_with(config: EngineConfig) -> Engine {
+/// An engine with `config`. Unless the test chose a state directory, the engine gets a
+/// fresh one, so that named sessions of tests running side by side never meet on disk.
+pub async fn engine_with(mut config: EngineConfig) -> Engine {
+    if config.state.dir.is_none() {
+        config.state.dir = Some(state_dir());
+    }
     Engine::start(config).await.expect("engine starts")
+}
+
+/// A new, empty state directory under the system's temporary directory. It is left behind
+/// (a few kilobytes) so that it can outlive the engine for restart tests.
+pub fn state_dir() -> PathBuf {
+    tempfile::Builder::new()
+        .prefix("pyvisor-test-state-")
+        .tempdir()
+        .expect("a temporary directory")
+        .keep()
 }
 
 /// An engine and one session in it.

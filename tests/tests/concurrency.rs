@@ -30,5 +30,5 @@ async fn thirty_two_sessions_execute_at_once() {
         let expected: u64 = (0..i as u64 * 1000).sum();
         assert_eq!(result.result.unwrap().repr, expected.to_string());
     }
-    assert_eq!(engine.session_ids().await.unwrap().len(), 32);
+    assert_eq!(engine.sessions(None).await.unwrap().len(), 32);
 }

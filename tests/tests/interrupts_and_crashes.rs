@@ -160,11 +160,12 @@ async fn queued_executions_run_in_order_and_no_queue_refuses_when_busy() {
 #[tokio::test]
 async fn closing_a_session_ends_its_worker() {
     let (engine, session) = session().await;
-    let pid = session.pid();
+    let pid = session.pid().expect("a created session knows its worker");
     let id = session.id().to_owned();
     session.close().await.unwrap();
     assert!(process_gone(pid).await);
-    assert!(!engine.session_ids().await.unwrap().contains(&id));
+    let live = engine.sessions(None).await.unwrap();
+    assert!(live.iter().all(|session| session.id() != id));
 }
 
 #[tokio::test]
@@ -181,7 +182,7 @@ async fn dropping_the_engine_ends_every_worker() {
         )
         .await;
         grandchildren.push(child.result.unwrap().repr.parse::<u32>().unwrap());
-        workers.push(session.pid());
+        workers.push(session.pid().expect("a created session knows its worker"));
     }
     drop(engine);
     for pid in workers {

@@ -92,6 +92,11 @@ impl CheckpointStore {
         Ok(store)
     }
 
+    /// The largest payload a checkpoint may have.
+    pub fn max_bytes(&self) -> usize {
+        self.config.max_bytes
+    }
+
     /// Saves a checkpoint of `session` as its newest, then prunes its oldest beyond the
     /// retention.
     ///

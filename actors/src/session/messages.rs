@@ -4,6 +4,10 @@
 use actix::prelude::*;
 use tokio::sync::mpsc;
 
+use pyvisor_protocol::LostName;
+
+use super::Inspection;
+use crate::checkpoint::{CheckpointId, CheckpointInfo};
 use crate::errors::SessionError;
 use crate::execution::{ExecuteRequest, ExecutionEvent};
 
@@ -49,9 +53,64 @@ pub struct GetInfo;
 pub struct Close {
     /// Let the worker exit on its own first (`shutdown` frame) instead of killing it at once.
     pub graceful: bool,
+    /// What becomes of the session's checkpoints.
+    pub state: CloseState,
 }
 
-/// Told to whoever registered interest when a session actor stops for good.
+/// What closing does to a session's checkpoints. Those of a session without a name are
+/// always deleted: nothing could find them again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseState {
+    /// Delete them: the user is done with the session.
+    Forget,
+    /// Keep them, so that a later engine can bring the named session back.
+    Keep,
+    /// Take a last checkpoint, then keep them.
+    Checkpoint,
+}
+
+/// Checkpoint the namespace now (after the running execution, if any).
+#[derive(Message)]
+#[rtype(result = "Result<CheckpointSummary, SessionError>")]
+pub struct CheckpointNow;
+
+/// What a checkpoint saved (`session.checkpoint` of SPEC.md §2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointSummary {
+    pub checkpoint_id: String,
+    /// Size of the checkpoint file.
+    pub bytes: u64,
+    pub saved: Vec<String>,
+    pub lost: Vec<LostName>,
+    pub duration_ms: f64,
+}
+
+/// Put the namespace back as checkpoint `checkpoint_id` (the latest when `None`) saved it.
+#[derive(Message)]
+#[rtype(result = "Result<RestoreSummary, SessionError>")]
+pub struct RestoreCheckpoint {
+    pub checkpoint_id: Option<CheckpointId>,
+}
+
+/// What a restore brought back (`session.restore` of SPEC.md §2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreSummary {
+    pub checkpoint_id: String,
+    pub restored: Vec<String>,
+    pub lost: Vec<LostName>,
+}
+
+/// The session's checkpoints, newest first.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<CheckpointInfo>, SessionError>")]
+pub struct ListCheckpoints;
+
+/// Refuse new executions and reply once the running one (if any) has ended.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Drain;
+
+/// Told to whoever registered interest when a session is closed for good.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct SessionEnded {
@@ -61,13 +120,28 @@ pub struct SessionEnded {
 /// What a session is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionPhase {
-    /// A worker is being started (first start or after a crash).
-    Starting,
+    /// Its worker died; a new one is on its way and executions wait for it.
+    Restarting,
     Idle,
     Busy,
-    /// No worker could be started; the session refuses work.
+    /// No worker could be had; the next execution tries again.
     Failed,
     Closing,
+    Closed,
+}
+
+impl SessionPhase {
+    /// The `state` label of the `pyvisor_sessions` gauge; `None` for a closed session.
+    pub fn metric_label(self) -> Option<&'static str> {
+        match self {
+            SessionPhase::Restarting => Some("restarting"),
+            SessionPhase::Idle => Some("idle"),
+            SessionPhase::Busy => Some("busy"),
+            SessionPhase::Failed => Some("failed"),
+            SessionPhase::Closing => Some("closing"),
+            SessionPhase::Closed => None,
+        }
+    }
 }
 
 /// A point-in-time view of a session.
@@ -82,4 +156,8 @@ pub struct SessionSnapshot {
     pub restarts: u64,
     /// What enforces the worker's memory and process limits: "cgroup2", "cgroup1", "rlimit".
     pub containment: Option<&'static str>,
+    /// The latest checkpoint the session wrote or restored.
+    pub last_checkpoint: Option<String>,
+    /// The namespace as the worker described it; `None` when it could not answer in time.
+    pub namespace: Option<Inspection>,
 }

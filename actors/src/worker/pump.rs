@@ -1,6 +1,7 @@
 //! The pump: one task per worker that turns its pipes and its exit into ordered events.
 //!
-//! It reads frames from fd 4, output from fds 1 and 2, and waits for the process to exit.
+//! It reads frames from fd 4, output from fds 1 and 2, and waits for the process to exit
+//! (see [`ExitSource`]).
 //! Before it hands over any frame it drains what is already in the output pipes: the worker
 //! flushes before every frame, so everything printed before a `result` or `input_request` is
 //! delivered before it. After the exit it drains the pipes once more, then reports the exit
@@ -11,9 +12,9 @@ use std::process::ExitStatus;
 
 use pyvisor_protocol::{FrameDecoder, WorkerMessage};
 use tokio::net::unix::pipe;
-use tokio::process::Child;
 use tokio::sync::mpsc;
 
+use super::exit::ExitSource;
 use crate::execution::OutputStream;
 
 /// Bytes read from a pipe at a time.
@@ -35,8 +36,9 @@ pub enum WorkerEvent {
     Message(WorkerMessage),
     /// Fd 4 can no longer be trusted (garbage, oversize, or closed): the worker must go.
     ProtocolError(String),
-    /// The worker process has exited and has been reaped.
-    Exited(ExitStatus),
+    /// The worker process has exited and has been reaped. The status is `None` when it
+    /// cannot be known: the zygote that forked the worker, and would have reaped it, is gone.
+    Exited(Option<ExitStatus>),
 }
 
 /// The host ends of the worker's pipes.
@@ -48,7 +50,7 @@ pub(crate) struct PumpPipes {
 
 /// Runs until the worker has exited and been reaped, or the receiver is gone.
 pub(crate) async fn pump(
-    mut child: Child,
+    mut exit: ExitSource,
     pipes: PumpPipes,
     events: mpsc::Sender<WorkerEvent>,
     max_frame: usize,
@@ -73,7 +75,7 @@ pub(crate) async fn pump(
             ready = pump.pipes.stderr.readable(), if pump.stderr_open => {
                 ready.map(|_| Step::Output(OutputStream::Stderr))
             }
-            status = child.wait() => break status,
+            status = exit.wait() => break status,
         };
         let alive = match step {
             Ok(Step::Frames) => pump.read_frames().await,

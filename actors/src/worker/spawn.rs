@@ -1,14 +1,23 @@
 //! Starting a worker process: the one place that sets up everything a worker needs.
 //!
-//! [`Worker::start`] creates the pipes (fds 1/2 captured, protocol on fds 3/4), puts the
-//! child in its own process group, arms `PR_SET_PDEATHSIG`, closes every other inherited fd,
-//! starts the output/frame pump and waits for the worker's `hello` within a timeout. It must
-//! run on a long-lived thread (an arbiter): the death signal fires when the spawning thread
-//! exits.
+//! [`Worker::start`] gets the process from the spec's zygote when it has one and it is up
+//! (a fork with the preload modules already imported), else spawns a fresh interpreter.
+//! Either way it creates the pipes (fds 1/2 captured, protocol on fds 3/4), the worker ends up
+//! in its own process group with its rlimits, only fds 0-4 open, registered with the janitor
+//! and in its cgroup leaf, then the output/frame pump starts and the worker's `hello` is
+//! awaited within a timeout.
+//!
+//! [`child_command`] prepares every process pyvisor execs, workers and zygotes alike: new
+//! process group, `PR_SET_PDEATHSIG`, `PR_SET_NO_NEW_PRIVS`, rlimits, fds 3/4 mapped and every
+//! other fd closed. The death signal fires when the spawning thread exits, so plain spawns
+//! must run on a long-lived thread (an arbiter). A forked worker gets none of the pre-exec
+//! steps from here: the zygote's child sets itself up (see `zygote`).
 
+use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,15 +27,17 @@ use command_fds::{CommandFdExt, FdMapping};
 use nix::fcntl::OFlag;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::{pipe2, Pid};
-use pyvisor_protocol::{WorkerMessage, PROTOCOL_VERSION};
+use pyvisor_protocol::{HostMessage, Rlimit, RlimitResource, WorkerMessage, PROTOCOL_VERSION};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
 use super::cgroup::{CgroupLeaf, CgroupLimits, CgroupManager, CgroupMechanism};
+use super::exit::ExitSource;
 use super::janitor::Janitor;
 use super::output::Utf8Chunker;
 use super::pump::{pump, PumpPipes, WorkerEvent};
 use super::writer::FrameWriter;
+use super::zygote::{ForkOrder, Zygote};
 use crate::errors::SpawnError;
 use crate::limits::ProcessLimits;
 
@@ -54,6 +65,10 @@ pub struct WorkerSpec {
     pub cgroups: Option<Arc<CgroupManager>>,
     /// Ends the worker's process group if the host dies.
     pub janitor: Option<Arc<Janitor>>,
+    /// Modules imported before the worker says hello.
+    pub preload: Vec<String>,
+    /// Forks workers with `preload` already imported; plain spawn when `None` or down.
+    pub zygote: Option<Arc<Zygote>>,
 }
 
 /// What the worker said about itself in its `hello`.
@@ -64,6 +79,15 @@ pub struct WorkerInfo {
     pub executable: String,
 }
 
+/// How a worker process came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerOrigin {
+    /// A fresh interpreter, spawned by the host.
+    Spawned,
+    /// Forked by the zygote, with its preload modules already imported.
+    Forked,
+}
+
 /// A running worker: its identity, the way to send it frames, and its event stream.
 #[derive(Debug)]
 pub struct Worker {
@@ -72,44 +96,40 @@ pub struct Worker {
     pub events: mpsc::Receiver<WorkerEvent>,
     /// What enforces memory and process limits: "cgroup2", "cgroup1" or "rlimit".
     pub containment: &'static str,
+    /// Whether the process was spawned or forked by the zygote.
+    pub origin: WorkerOrigin,
     /// The worker's cgroup; dropping it kills whatever is left in it.
     leaf: Option<CgroupLeaf>,
     janitor: Option<Arc<Janitor>>,
 }
 
 impl Worker {
-    /// Spawns a worker and waits for its `hello`.
+    /// Starts a worker, forked by the spec's zygote when that works, and waits for its
+    /// `hello`.
     pub async fn start(spec: &WorkerSpec) -> Result<Worker, SpawnError> {
-        let Spawned {
-            pid,
-            writer,
-            mut events,
-            leaf,
-        } = spawn_process(spec)?;
-        let hello = tokio::time::timeout(spec.handshake_timeout, wait_for_hello(&mut events));
-        match hello.await {
-            Ok(Ok(info)) => Ok(Worker {
-                info,
-                writer,
-                events,
-                containment: match (&leaf, &spec.cgroups) {
-                    (Some(_), Some(cgroups)) => cgroups.mechanism().as_str(),
-                    _ => CgroupMechanism::None.as_str(),
-                },
-                leaf,
-                janitor: spec.janitor.clone(),
-            }),
-            Ok(Err(err)) => {
-                forget_group(pid, spec.janitor.as_deref());
-                Err(err)
-            }
-            Err(_) => {
-                forget_group(pid, spec.janitor.as_deref());
-                Err(SpawnError::Handshake {
-                    reason: format!("no hello within {:?}", spec.handshake_timeout),
-                })
+        if let Some(zygote) = spec.zygote.as_deref() {
+            match Self::fork(spec, zygote).await {
+                Ok(worker) => return Ok(worker),
+                Err(err @ SpawnError::Zygote { .. }) => {
+                    tracing::debug!(error = %err, "no worker from the zygote; spawning one");
+                }
+                Err(err) => {
+                    tracing::info!(error = %err, "the forked worker failed; spawning one");
+                }
             }
         }
+        let spawned = spawn_process(spec)?;
+        handshake(spec, spawned, WorkerOrigin::Spawned).await
+    }
+
+    async fn fork(spec: &WorkerSpec, zygote: &Zygote) -> Result<Worker, SpawnError> {
+        if !zygote.has_imported(&spec.preload) {
+            return Err(SpawnError::Zygote {
+                reason: format!("it has not imported every module of {:?}", spec.preload),
+            });
+        }
+        let forked = fork_process(spec, zygote).await?;
+        handshake(spec, forked, WorkerOrigin::Forked).await
     }
 
     /// Process id of the worker (also its process group id).
@@ -163,60 +183,93 @@ struct Spawned {
     leaf: Option<CgroupLeaf>,
 }
 
+/// Waits for the `hello` of a started worker; kills it when none comes.
+async fn handshake(
+    spec: &WorkerSpec,
+    started: Spawned,
+    origin: WorkerOrigin,
+) -> Result<Worker, SpawnError> {
+    let Spawned {
+        pid,
+        writer,
+        mut events,
+        leaf,
+    } = started;
+    let hello = tokio::time::timeout(spec.handshake_timeout, wait_for_hello(&mut events));
+    match hello.await {
+        Ok(Ok(info)) => Ok(Worker {
+            info,
+            writer,
+            events,
+            containment: match (&leaf, &spec.cgroups) {
+                (Some(_), Some(cgroups)) => cgroups.mechanism().as_str(),
+                _ => CgroupMechanism::None.as_str(),
+            },
+            origin,
+            leaf,
+            janitor: spec.janitor.clone(),
+        }),
+        Ok(Err(err)) => {
+            forget_group(pid, spec.janitor.as_deref());
+            Err(err)
+        }
+        Err(_) => {
+            forget_group(pid, spec.janitor.as_deref());
+            Err(SpawnError::Handshake {
+                reason: format!("no hello within {:?}", spec.handshake_timeout),
+            })
+        }
+    }
+}
+
 /// Distinguishes the cgroup leaves of one engine.
 static NEXT_LEAF: AtomicU64 = AtomicU64::new(1);
 
-fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
-    let leaf = match &spec.cgroups {
-        Some(cgroups) => {
-            let name = format!("w-{}", NEXT_LEAF.fetch_add(1, Ordering::Relaxed));
-            let limits = CgroupLimits {
-                memory_bytes: spec.limits.memory_bytes,
-                pids: spec.limits.processes,
-            };
-            cgroups
-                .create_leaf(&name, limits)
-                .map_err(SpawnError::Containment)?
-        }
-        None => None,
+/// The worker's own cgroup leaf, when the spec has a cgroup manager that can make one.
+fn create_leaf(spec: &WorkerSpec) -> Result<Option<CgroupLeaf>, SpawnError> {
+    let Some(cgroups) = &spec.cgroups else {
+        return Ok(None);
     };
-    let rlimits = RlimitPlan::new(spec.limits, leaf.is_some());
-    let (stdout_read, stdout_write) = cloexec_pipe()?;
-    let (stderr_read, stderr_write) = cloexec_pipe()?;
-    let (to_worker_read, to_worker_write) = cloexec_pipe()?;
-    let (from_worker_read, from_worker_write) = cloexec_pipe()?;
+    let name = format!("w-{}", NEXT_LEAF.fetch_add(1, Ordering::Relaxed));
+    let limits = CgroupLimits {
+        memory_bytes: spec.limits.memory_bytes,
+        pids: spec.limits.processes,
+    };
+    cgroups
+        .create_leaf(&name, limits)
+        .map_err(SpawnError::Containment)
+}
 
-    let mut command = tokio::process::Command::new(&spec.python);
-    command
-        .arg("-I")
-        .arg("-u")
-        .arg(&spec.script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(stdout_write))
-        .stderr(Stdio::from(stderr_write))
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .process_group(0)
-        .kill_on_drop(false);
-    if let Some(cwd) = &spec.cwd {
-        command.current_dir(cwd);
+/// Spawns a fresh interpreter running the worker script.
+fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
+    let leaf = create_leaf(spec)?;
+    let (host, child) = worker_pipes()?;
+    let mut args = Vec::new();
+    if !spec.preload.is_empty() {
+        args.push("--preload".to_owned());
+        args.push(spec.preload.join(","));
     }
-    command
-        .fd_mappings(vec![
+    let mut command = tokio::process::Command::from(child_command(ChildPlan {
+        python: &spec.python,
+        script: &spec.script,
+        args,
+        stdout: Stdio::from(child.stdout),
+        stderr: Stdio::from(child.stderr),
+        fds: vec![
             FdMapping {
-                parent_fd: to_worker_read,
+                parent_fd: child.requests,
                 child_fd: 3,
             },
             FdMapping {
-                parent_fd: from_worker_write,
+                parent_fd: child.replies,
                 child_fd: 4,
             },
-        ])
-        .expect("fds 3 and 4 are distinct");
-    // SAFETY: the hook runs between fork and exec and only makes async-signal-safe syscalls;
-    // it is registered after the fd mappings, so fds 3 and 4 are in place when it runs.
-    unsafe {
-        command.pre_exec(move || prepare_child(&rlimits));
-    }
+        ],
+        cwd: spec.cwd.as_deref(),
+        env: &spec.env,
+        rlimits: RlimitPlan::new(spec.limits, leaf.is_some()),
+    }));
+    command.kill_on_drop(false);
     let child = command.spawn().map_err(|source| SpawnError::Spawn {
         python: spec.python.clone(),
         source,
@@ -226,53 +279,241 @@ fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
     let pid = child.id().ok_or_else(|| SpawnError::Handshake {
         reason: "worker exited before it could be tracked".into(),
     })?;
+    // The interpreter takes milliseconds to start, so it cannot fork before it is in the leaf.
+    contain(spec, pid, leaf.as_ref())?;
+    let (writer, events) = host.start(ExitSource::Spawned(child), spec.max_frame);
+    Ok(Spawned {
+        pid,
+        writer,
+        events,
+        leaf,
+    })
+}
+
+/// Has the zygote fork a worker, contains it, then lets it start.
+async fn fork_process(spec: &WorkerSpec, zygote: &Zygote) -> Result<Spawned, SpawnError> {
+    let leaf = create_leaf(spec)?;
+    let (host, child) = worker_pipes()?;
+    let stdin = File::open("/dev/null").map_err(SpawnError::Pipe)?;
+    let cwd = match &spec.cwd {
+        Some(cwd) => Some(cwd.clone()),
+        None => std::env::current_dir().ok(),
+    };
+    let cwd = match cwd {
+        Some(cwd) => {
+            Some(
+                cwd.into_os_string()
+                    .into_string()
+                    .map_err(|cwd| SpawnError::Zygote {
+                        reason: format!("the working directory {cwd:?} is not UTF-8"),
+                    })?,
+            )
+        }
+        None => None,
+    };
+    let order = ForkOrder {
+        fds: [
+            OwnedFd::from(stdin),
+            child.stdout,
+            child.stderr,
+            child.requests,
+            child.replies,
+        ],
+        cwd,
+        env: spec.env.clone(),
+        rlimits: RlimitPlan::new(spec.limits, leaf.is_some()).to_wire(),
+    };
+    let forked = tokio::time::timeout(spec.handshake_timeout, zygote.fork(order))
+        .await
+        .map_err(|_| SpawnError::Zygote {
+            reason: format!("no fork within {:?}", spec.handshake_timeout),
+        })??;
+    let pid = forked.pid;
+    let exit = ExitSource::forked(pid, forked.exit).map_err(|err| {
+        kill_group(pid);
+        SpawnError::Zygote {
+            reason: format!("watch the forked worker {pid}: {err}"),
+        }
+    })?;
+    contain(spec, pid, leaf.as_ref())?;
+    let (writer, events) = host.start(exit, spec.max_frame);
+    // Contained: the child may run now. Until this frame it waits, running nothing.
+    writer
+        .send(&HostMessage::Start)
+        .map_err(|err| SpawnError::Handshake {
+            reason: format!("send the start frame: {err}"),
+        })?;
+    Ok(Spawned {
+        pid,
+        writer,
+        events,
+        leaf,
+    })
+}
+
+/// Registers process group `pid` with the janitor and puts `pid` in its cgroup leaf.
+fn contain(spec: &WorkerSpec, pid: u32, leaf: Option<&CgroupLeaf>) -> Result<(), SpawnError> {
     if let Some(janitor) = &spec.janitor {
         janitor.register(pid);
     }
-    // The interpreter takes milliseconds to start, so it cannot fork before it is in the leaf.
-    if let Some(leaf) = &leaf {
+    if let Some(leaf) = leaf {
         if let Err(err) = leaf.add(pid) {
             forget_group(pid, spec.janitor.as_deref());
             return Err(SpawnError::Containment(err));
         }
     }
+    Ok(())
+}
 
-    let pipes = PumpPipes {
-        frames: pipe::Receiver::from_owned_fd(from_worker_read).map_err(SpawnError::Pipe)?,
-        stdout: pipe::Receiver::from_owned_fd(stdout_read).map_err(SpawnError::Pipe)?,
-        stderr: pipe::Receiver::from_owned_fd(stderr_read).map_err(SpawnError::Pipe)?,
+/// The host's ends of a worker's pipes, registered with the runtime.
+struct HostEnds {
+    pipes: PumpPipes,
+    requests: pipe::Sender,
+}
+
+impl HostEnds {
+    /// Starts the pump and the frame writer of the worker whose exit `exit` observes.
+    fn start(
+        self,
+        exit: ExitSource,
+        max_frame: usize,
+    ) -> (FrameWriter, mpsc::Receiver<WorkerEvent>) {
+        let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
+        tokio::spawn(pump(exit, self.pipes, events_tx, max_frame));
+        (FrameWriter::start(self.requests, max_frame), events_rx)
+    }
+}
+
+/// The worker's ends of its pipes: fds 1, 2, 3 and 4 of the worker.
+struct ChildEnds {
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    requests: OwnedFd,
+    replies: OwnedFd,
+}
+
+/// Creates the four pipes of a worker. The host's ends are registered with the runtime
+/// before any process exists, so nothing can fail between starting a process and pumping it.
+fn worker_pipes() -> Result<(HostEnds, ChildEnds), SpawnError> {
+    let (stdout_read, stdout) = cloexec_pipe()?;
+    let (stderr_read, stderr) = cloexec_pipe()?;
+    let (requests, requests_write) = cloexec_pipe()?;
+    let (replies_read, replies) = cloexec_pipe()?;
+    let host = HostEnds {
+        pipes: PumpPipes {
+            frames: pipe::Receiver::from_owned_fd(replies_read).map_err(SpawnError::Pipe)?,
+            stdout: pipe::Receiver::from_owned_fd(stdout_read).map_err(SpawnError::Pipe)?,
+            stderr: pipe::Receiver::from_owned_fd(stderr_read).map_err(SpawnError::Pipe)?,
+        },
+        requests: pipe::Sender::from_owned_fd(requests_write).map_err(SpawnError::Pipe)?,
     };
-    let to_worker = pipe::Sender::from_owned_fd(to_worker_write).map_err(SpawnError::Pipe)?;
-    let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
-    tokio::spawn(pump(child, pipes, events_tx, spec.max_frame));
-    Ok(Spawned {
-        pid,
-        writer: FrameWriter::start(to_worker, spec.max_frame),
-        events: events_rx,
-        leaf,
-    })
+    let child = ChildEnds {
+        stdout,
+        stderr,
+        requests,
+        replies,
+    };
+    Ok((host, child))
+}
+
+/// Everything a process that pyvisor execs is given; [`child_command`] applies all of it.
+pub(crate) struct ChildPlan<'a> {
+    pub python: &'a Path,
+    pub script: &'a Path,
+    /// Arguments after the script.
+    pub args: Vec<String>,
+    pub stdout: Stdio,
+    pub stderr: Stdio,
+    /// Host fds that become the child's fds 3 and up; every other fd above 2 is closed.
+    pub fds: Vec<FdMapping>,
+    /// Working directory; the host's when `None`.
+    pub cwd: Option<&'a Path>,
+    /// Environment variables on top of the host's.
+    pub env: &'a [(String, String)],
+    pub rlimits: RlimitPlan,
+}
+
+/// The command that runs `python -I -u script args...` as `plan` says, in its own process
+/// group, with the death signal, no new privileges, its rlimits and only its own fds.
+pub(crate) fn child_command(plan: ChildPlan<'_>) -> std::process::Command {
+    let mut command = std::process::Command::new(plan.python);
+    command
+        .arg("-I")
+        .arg("-u")
+        .arg(plan.script)
+        .args(&plan.args)
+        .stdin(Stdio::null())
+        .stdout(plan.stdout)
+        .stderr(plan.stderr)
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .process_group(0);
+    if let Some(cwd) = plan.cwd {
+        command.current_dir(cwd);
+    }
+    command
+        .fd_mappings(plan.fds)
+        .expect("the child's fds 3 and up are distinct");
+    let rlimits = plan.rlimits;
+    // SAFETY: the hook runs between fork and exec and only makes async-signal-safe syscalls;
+    // it is registered after the fd mappings, so fds 3 and 4 are in place when it runs.
+    unsafe {
+        command.pre_exec(move || prepare_child(&rlimits));
+    }
+    command
 }
 
 /// The rlimits a worker gets: CPU time, open files and no core dumps always; memory and
 /// processes only when no cgroup leaf enforces them (`RLIMIT_NPROC` counts every process of
 /// the user, so it is a poor fallback, and it does not bind root at all).
 #[derive(Debug, Clone, Copy)]
-struct RlimitPlan {
-    limits: [(libc::__rlimit_resource_t, Option<u64>); 5],
+pub(crate) struct RlimitPlan {
+    limits: [(RlimitResource, Option<u64>); 5],
 }
 
 impl RlimitPlan {
-    fn new(limits: ProcessLimits, in_cgroup: bool) -> Self {
+    pub(crate) fn new(limits: ProcessLimits, in_cgroup: bool) -> Self {
         let fallback = |value: Option<u64>| if in_cgroup { None } else { value };
         Self {
             limits: [
-                (libc::RLIMIT_CORE, Some(0)),
-                (libc::RLIMIT_CPU, limits.cpu_seconds),
-                (libc::RLIMIT_NOFILE, limits.open_files),
-                (libc::RLIMIT_AS, fallback(limits.memory_bytes)),
-                (libc::RLIMIT_NPROC, fallback(limits.processes)),
+                (RlimitResource::Core, Some(0)),
+                (RlimitResource::Cpu, limits.cpu_seconds),
+                (RlimitResource::Nofile, limits.open_files),
+                (RlimitResource::As, fallback(limits.memory_bytes)),
+                (RlimitResource::Nproc, fallback(limits.processes)),
             ],
         }
+    }
+
+    /// Every limit that is set, with its soft and hard values. Allocates nothing.
+    fn each(&self) -> impl Iterator<Item = Rlimit> + '_ {
+        self.limits.iter().filter_map(|&(resource, value)| {
+            let soft = value?;
+            // The soft CPU limit sends SIGXCPU; the hard one a second later kills for sure.
+            let hard = match resource {
+                RlimitResource::Cpu => soft.saturating_add(1),
+                _ => soft,
+            };
+            Some(Rlimit {
+                resource,
+                soft,
+                hard,
+            })
+        })
+    }
+
+    /// The limits as a forked worker sets them on itself.
+    pub(crate) fn to_wire(self) -> Vec<Rlimit> {
+        self.each().collect()
+    }
+}
+
+fn libc_resource(resource: RlimitResource) -> libc::__rlimit_resource_t {
+    match resource {
+        RlimitResource::Core => libc::RLIMIT_CORE,
+        RlimitResource::Cpu => libc::RLIMIT_CPU,
+        RlimitResource::Nofile => libc::RLIMIT_NOFILE,
+        RlimitResource::As => libc::RLIMIT_AS,
+        RlimitResource::Nproc => libc::RLIMIT_NPROC,
     }
 }
 
@@ -286,19 +527,12 @@ fn prepare_child(rlimits: &RlimitPlan) -> io::Result<()> {
         {
             return Err(io::Error::last_os_error());
         }
-        for (resource, value) in rlimits.limits {
-            let Some(value) = value else { continue };
-            // The soft CPU limit sends SIGXCPU; the hard one a second later kills for sure.
-            let hard = if resource == libc::RLIMIT_CPU {
-                value.saturating_add(1)
-            } else {
-                value
+        for limit in rlimits.each() {
+            let value = libc::rlimit {
+                rlim_cur: limit.soft,
+                rlim_max: limit.hard,
             };
-            let limit = libc::rlimit {
-                rlim_cur: value,
-                rlim_max: hard,
-            };
-            if libc::setrlimit(resource, &limit) != 0 {
+            if libc::setrlimit(libc_resource(limit.resource), &value) != 0 {
                 return Err(io::Error::last_os_error());
             }
         }
@@ -364,6 +598,10 @@ async fn wait_for_hello(
                 return Err(failure(format!("protocol error: {reason}"), &stderr_text));
             }
             WorkerEvent::Exited(status) => {
+                let status = match status {
+                    Some(status) => status.to_string(),
+                    None => "exit status unknown".to_owned(),
+                };
                 return Err(failure(
                     format!("worker exited before hello ({status})"),
                     &stderr_text,
@@ -372,4 +610,34 @@ async fn wait_for_hello(
         }
     }
     Err(failure("worker event stream closed".into(), &stderr_text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rlimits_fall_back_to_memory_and_processes_only_outside_a_cgroup() {
+        let limits = ProcessLimits {
+            memory_bytes: Some(1 << 30),
+            cpu_seconds: Some(10),
+            open_files: Some(256),
+            processes: Some(64),
+        };
+        let resources = |plan: RlimitPlan| {
+            plan.to_wire()
+                .into_iter()
+                .map(|limit| (limit.resource, limit.soft, limit.hard))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            resources(RlimitPlan::new(limits, true)),
+            [
+                (RlimitResource::Core, 0, 0),
+                (RlimitResource::Cpu, 10, 11),
+                (RlimitResource::Nofile, 256, 256),
+            ]
+        );
+        assert_eq!(resources(RlimitPlan::new(limits, false)).len(), 5);
+    }
 }

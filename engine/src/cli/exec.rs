@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use futures::StreamExt;
 use pyvisor::{
     Engine, EngineConfig, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
-    OutputStream, Session,
+    OutputStream, PoolConfig, Session, StateConfig,
 };
 
 use super::EXIT_USAGE;
@@ -65,7 +65,20 @@ pub async fn run(args: ExecArgs) -> u8 {
             }
         }
     }
-    let engine = match Engine::start(EngineConfig::default()).await {
+    // One call, one session: ready workers or a zygote would only cost time.
+    let config = EngineConfig {
+        pool: PoolConfig {
+            min_idle: 0,
+            ..PoolConfig::default()
+        },
+        zygote: false,
+        state: StateConfig {
+            enabled: false,
+            ..StateConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let engine = match Engine::start(config).await {
         Ok(engine) => engine,
         Err(err) => {
             eprintln!("pyvisor: failed to {err}");

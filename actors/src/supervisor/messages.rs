@@ -1,0 +1,119 @@
+//! The settings of a [`super::Supervisor`], the messages it accepts and what it answers.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use actix::prelude::*;
+
+use crate::checkpoint::CheckpointStore;
+use crate::errors::SupervisorError;
+use crate::limits::SessionLimits;
+use crate::metrics::EngineCounters;
+use crate::pool::{PoolConfig, PoolStats};
+use crate::session::{AutoCheckpoint, SessionActor};
+use crate::worker::{WorkerInfo, WorkerSpec};
+
+/// Defaults every new session starts from.
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// How to start a worker; per-session options are applied on top.
+    pub worker: WorkerSpec,
+    /// Default limits of a session.
+    pub limits: SessionLimits,
+    /// Arbiter threads that host session actors and run spawns.
+    pub arbiters: usize,
+    pub pool: PoolConfig,
+    /// Totals shared with the caller for `engine.stats`.
+    pub counters: Arc<EngineCounters>,
+    /// Where sessions keep checkpoints; none are kept when `None`.
+    pub state: Option<StateOptions>,
+}
+
+/// The checkpoint settings every session gets.
+#[derive(Debug, Clone)]
+pub struct StateOptions {
+    pub store: CheckpointStore,
+    pub policy: AutoCheckpoint,
+    /// Directory for payload files on their way between workers and the store.
+    pub scratch: PathBuf,
+}
+
+/// What a caller may choose about a new session.
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    /// A name to find the session by; creating a session under an existing name attaches
+    /// to that session instead.
+    pub name: Option<String>,
+    /// Who the session belongs to; a caller that states an owner reaches only its own.
+    pub owner: Option<String>,
+    /// Working directory of the worker.
+    pub cwd: Option<PathBuf>,
+    /// Extra environment variables of the worker.
+    pub env: Vec<(String, String)>,
+    /// Limits replacing the engine defaults.
+    pub limits: Option<SessionLimits>,
+}
+
+/// Create a session (or attach to the one of that name) with a worker from the pool.
+#[derive(Message)]
+#[rtype(result = "Result<SessionHandle, SupervisorError>")]
+pub struct CreateSession {
+    pub options: SessionOptions,
+}
+
+/// Find a live session by id or name. With an `owner`, only that owner's sessions match.
+#[derive(Message)]
+#[rtype(result = "Result<SessionHandle, SupervisorError>")]
+pub struct FindSession {
+    pub session: String,
+    pub owner: Option<String>,
+}
+
+/// A live session as the supervisor knows it.
+#[derive(Debug, Clone)]
+pub struct SessionHandle {
+    pub session_id: String,
+    pub name: Option<String>,
+    pub owner: Option<String>,
+    pub addr: Addr<SessionActor>,
+    pub created_at: SystemTime,
+    /// Whether its first worker came ready from the pool.
+    pub warm: bool,
+    /// Whether this handle came from a create that found the name taken by this session.
+    pub attached: bool,
+    /// The worker it was created with; only known to the create that made it.
+    pub worker: Option<WorkerInfo>,
+    /// Whether the create found the session's checkpoints on disk (left by an earlier
+    /// engine) and the session restores the latest before it runs anything.
+    pub restored: bool,
+}
+
+/// Every live session, or an owner's.
+#[derive(Message)]
+#[rtype(result = "Vec<SessionHandle>")]
+pub struct ListSessions {
+    pub owner: Option<String>,
+}
+
+/// The supervisor's figures: the pool's and the number of sessions.
+#[derive(Message)]
+#[rtype(result = "Result<SupervisorStats, SupervisorError>")]
+pub struct GetStats;
+
+/// What [`GetStats`] answers.
+#[derive(Debug, Clone)]
+pub struct SupervisorStats {
+    pub pool: PoolStats,
+    pub sessions: usize,
+}
+
+/// Graceful stop: refuse new sessions and executions, let running executions finish for
+/// up to `grace`, then end every worker. Replies when all are gone.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopAll {
+    pub grace: Duration,
+    /// Take a last checkpoint of every session before its worker ends.
+    pub checkpoint: bool,
+}

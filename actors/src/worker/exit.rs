@@ -1,0 +1,77 @@
+//! How the pump learns that a worker process has exited, and with what status.
+//!
+//! A spawned worker is the host's own child: tokio's [`Child`] waits for it and reaps it. A
+//! forked worker is the zygote's child: the zygote reaps it and reports its wait status, which
+//! the zygote thread passes on through a oneshot channel. When that channel closes without a
+//! status, the zygote is gone, the worker has been re-parented, and nobody will ever report
+//! its status: the pidfd opened right after the fork then tells when it exits, status unknown.
+//! The pidfd is opened while the worker is known to be alive (it waits for its start frame),
+//! so it names that process even if its pid is reused later.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::process::Child;
+use tokio::sync::oneshot;
+
+/// Where the exit of one worker process is observed.
+pub(crate) enum ExitSource {
+    /// The host spawned the worker and reaps it.
+    Spawned(Child),
+    /// The zygote forked the worker: its report while it lives, the pidfd after.
+    Forked {
+        report: Option<oneshot::Receiver<i32>>,
+        pidfd: AsyncFd<OwnedFd>,
+    },
+}
+
+impl ExitSource {
+    /// Watches the forked worker `pid`, whose wait status the zygote sends on `report`.
+    pub(crate) fn forked(pid: u32, report: oneshot::Receiver<i32>) -> io::Result<Self> {
+        // SAFETY: the AsyncFd owns the pidfd, which stays open for as long as it does.
+        let pidfd =
+            unsafe { AsyncFd::register_with_interest(pidfd_open(pid)?, Interest::READABLE) }?;
+        Ok(Self::Forked {
+            report: Some(report),
+            pidfd,
+        })
+    }
+
+    /// Waits until the process has exited; `None` when its status cannot be known.
+    ///
+    /// Cancel-safe: the pump polls it in a `select!` loop.
+    pub(crate) async fn wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        match self {
+            Self::Spawned(child) => child.wait().await.map(Some),
+            Self::Forked { report, pidfd } => {
+                if let Some(receiver) = report {
+                    if let Ok(status) = receiver.await {
+                        return Ok(Some(ExitStatus::from_raw(status)));
+                    }
+                    *report = None;
+                }
+                // A pidfd polls readable once its process has exited.
+                let _ready = pidfd.readable().await?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// A pidfd (close-on-exec) for process `pid`.
+fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid =
+        libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; nothing is borrowed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel has just returned this fd (an int, so the cast is exact); nothing
+    // else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}

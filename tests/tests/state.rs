@@ -1,0 +1,338 @@
+//! Session state that survives: checkpoints and restores, crash recovery, named sessions
+//! brought back by a new engine, transactions, and introspection.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use pyvisor::{
+    AutoCheckpoint, Engine, EngineConfig, ExecuteRequest, ExecutionStatus, SessionOptions,
+    StateConfig,
+};
+use pyvisor_tests::{engine_with, run, state_dir, within};
+
+/// An engine whose sessions checkpoint only when asked, so tests know what is on disk.
+async fn engine_in(dir: &Path) -> Engine {
+    engine_with(EngineConfig {
+        state: StateConfig {
+            dir: Some(dir.to_owned()),
+            auto: AutoCheckpoint {
+                after_changes: 0,
+                ..AutoCheckpoint::default()
+            },
+            ..StateConfig::default()
+        },
+        ..EngineConfig::default()
+    })
+    .await
+}
+
+fn named(name: &str) -> SessionOptions {
+    SessionOptions {
+        name: Some(name.to_owned()),
+        ..SessionOptions::default()
+    }
+}
+
+async fn repr(session: &pyvisor::Session, code: &str) -> String {
+    let result = run(session, code).await;
+    assert_eq!(result.status, ExecutionStatus::Ok, "{code}: {result:?}");
+    result.result.map(|r| r.repr).unwrap_or_default()
+}
+
+const RICH_NAMESPACE: &str = r#"
+import collections as co
+import pandas as pd
+count = 7
+items = [1, "two", 3.0]
+table = {"a": [1, 2], "b": None}
+frame = pd.DataFrame({"x": [1, 2, 3], "y": ["p", "q", "r"]})
+square = lambda n: n * n
+def greet(who):
+    return f"hello {who}"
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+    def norm2(self):
+        return self.x ** 2 + self.y ** 2
+origin = Point(3, 4)
+"#;
+
+const CHECK_RICH_NAMESPACE: &str = "(count, items, table, frame.shape, list(frame.y), square(5), \
+     greet('you'), origin.norm2(), isinstance(origin, Point), co.Counter('aab')['a'])";
+
+const RICH_EXPECTED: &str = "(7, [1, 'two', 3.0], {'a': [1, 2], 'b': None}, (3, 2), \
+     ['p', 'q', 'r'], 25, 'hello you', 25, True, 2)";
+
+#[tokio::test]
+async fn a_checkpoint_restores_values_definitions_and_imports() {
+    let engine = engine_in(&state_dir()).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(&session, RICH_NAMESPACE).await;
+    let saved = within(session.checkpoint()).await.unwrap();
+    for name in [
+        "count", "items", "frame", "square", "greet", "Point", "origin", "co",
+    ] {
+        assert!(
+            saved.saved.iter().any(|s| s == name),
+            "{name} not in {saved:?}"
+        );
+    }
+    assert!(saved.lost.is_empty(), "{saved:?}");
+
+    run(
+        &session,
+        "del count, items, table, frame, square, greet, Point, origin, co\nextra = 1",
+    )
+    .await;
+    let restored = within(session.restore(None)).await.unwrap();
+    assert_eq!(restored.checkpoint_id, saved.checkpoint_id);
+    assert_eq!(repr(&session, CHECK_RICH_NAMESPACE).await, RICH_EXPECTED);
+    assert_eq!(repr(&session, "'extra' in globals()").await, "False");
+    let listed = session.checkpoints().await.unwrap();
+    assert_eq!(listed[0].id.to_string(), saved.checkpoint_id);
+}
+
+#[tokio::test]
+async fn names_that_cannot_be_saved_are_reported_and_the_rest_restores() {
+    let engine = engine_in(&state_dir()).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(
+        &session,
+        "import socket\nconn = socket.socket()\nnumbers = (i for i in range(3))\nkept = 'yes'",
+    )
+    .await;
+    let saved = within(session.checkpoint()).await.unwrap();
+    let lost: Vec<&str> = saved.lost.iter().map(|l| l.name.as_str()).collect();
+    assert!(
+        lost.contains(&"conn") && lost.contains(&"numbers"),
+        "{saved:?}"
+    );
+    assert!(saved.lost.iter().all(|l| !l.reason.is_empty()));
+    run(&session, "del kept").await;
+    within(session.restore(None)).await.unwrap();
+    assert_eq!(repr(&session, "kept").await, "'yes'");
+}
+
+#[tokio::test]
+async fn a_killed_worker_comes_back_from_the_last_checkpoint_and_says_what_was_lost() {
+    let engine = engine_in(&state_dir()).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(&session, "a = 1").await;
+    let saved = within(session.checkpoint()).await.unwrap();
+    run(&session, "b = 2").await;
+    run(&session, "c = 3").await;
+    let pid = session.info().await.unwrap().pid.unwrap();
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+    // An execution sent before the session sees the death would die with the worker.
+    within(async {
+        while session.info().await.unwrap().restarts == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+
+    let next = run(&session, "(a, 'b' in globals(), 'c' in globals())").await;
+    assert_eq!(next.status, ExecutionStatus::Ok, "{next:?}");
+    assert_eq!(next.result.unwrap().repr, "(1, False, False)");
+    let recovered = next
+        .recovered
+        .expect("the result says the session recovered");
+    assert_eq!(recovered.checkpoint_id, saved.checkpoint_id);
+    assert_eq!(recovered.lost_executions, 2, "b = 2 and c = 3 are gone");
+    // Only the first result after the recovery carries it.
+    assert!(run(&session, "a").await.recovered.is_none());
+    assert_eq!(engine.stats().await.unwrap().restores, 1);
+}
+
+#[tokio::test]
+async fn the_crashed_execution_itself_reports_the_recovery() {
+    let engine = engine_in(&state_dir()).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(&session, "kept = [1, 2]").await;
+    let saved = within(session.checkpoint()).await.unwrap();
+    let crashed = run(&session, "import os\nos._exit(3)").await;
+    assert_eq!(crashed.status, ExecutionStatus::Crashed);
+    let recovered = crashed
+        .recovered
+        .expect("recovered is set on the crashed result");
+    assert_eq!(recovered.checkpoint_id, saved.checkpoint_id);
+    assert_eq!(recovered.lost_executions, 1, "the crashed execution itself");
+    assert!(crashed
+        .error
+        .unwrap()
+        .message
+        .contains(&saved.checkpoint_id));
+    assert_eq!(repr(&session, "kept").await, "[1, 2]");
+}
+
+#[tokio::test]
+async fn automatic_checkpoints_follow_executions_that_change_the_namespace() {
+    let engine = engine_with(EngineConfig {
+        state: StateConfig {
+            auto: AutoCheckpoint {
+                after_changes: 1,
+                min_interval: Duration::ZERO,
+            },
+            ..StateConfig::default()
+        },
+        ..EngineConfig::default()
+    })
+    .await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(&session, "x = 1").await;
+    within(async {
+        while session.checkpoints().await.unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // A pure expression changes nothing, so it takes no checkpoint.
+    let before = session.checkpoints().await.unwrap().len();
+    run(&session, "x + 1").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(session.checkpoints().await.unwrap().len(), before);
+    // After a crash the session comes back with `x`.
+    run(
+        &session,
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+    )
+    .await;
+    assert_eq!(repr(&session, "x").await, "1");
+}
+
+/// The checkpoint files of the store under `dir`, newest (highest sequence) last.
+fn checkpoint_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "ckpt") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[tokio::test]
+async fn a_corrupt_latest_checkpoint_falls_back_to_the_one_before() {
+    let dir = state_dir();
+    let engine = engine_in(&dir).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(&session, "x = 'first'").await;
+    let first = within(session.checkpoint()).await.unwrap();
+    run(&session, "x = 'second'").await;
+    within(session.checkpoint()).await.unwrap();
+    let files = checkpoint_files(&dir);
+    let latest = files.last().expect("two checkpoint files");
+    let mut bytes = std::fs::read(latest).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(latest, bytes).unwrap();
+
+    let restored = within(session.restore(None)).await.unwrap();
+    assert_eq!(restored.checkpoint_id, first.checkpoint_id);
+    assert_eq!(repr(&session, "x").await, "'first'");
+}
+
+#[tokio::test]
+async fn a_named_session_comes_back_in_a_new_engine() {
+    let dir = state_dir();
+    let first = engine_in(&dir).await;
+    let session = first.create_session(named("notebook")).await.unwrap();
+    run(&session, "answer = 42\ndef twice(n):\n    return 2 * n").await;
+    within(first.shutdown(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    drop(first);
+
+    let second = engine_in(&dir).await;
+    let back = second.session("notebook", None).await.unwrap();
+    assert!(back.restored());
+    assert_eq!(repr(&back, "twice(answer)").await, "84");
+    // Creating it by name now attaches to the live one.
+    let again = second.create_session(named("notebook")).await.unwrap();
+    assert!(again.attached());
+    assert_eq!(again.id(), back.id());
+}
+
+#[tokio::test]
+async fn closing_a_session_deletes_its_checkpoints() {
+    let dir = state_dir();
+    let engine = engine_in(&dir).await;
+    let session = engine.create_session(named("scratchpad")).await.unwrap();
+    run(&session, "x = 1").await;
+    within(session.checkpoint()).await.unwrap();
+    assert_eq!(checkpoint_files(&dir).len(), 1);
+    session.close().await.unwrap();
+    within(async {
+        while !checkpoint_files(&dir).is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(engine.session("scratchpad", None).await.is_err());
+}
+
+#[tokio::test]
+async fn a_failed_transaction_leaves_the_namespace_as_it_was() {
+    let engine = engine_in(&state_dir()).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(&session, "lst = [1]\nd = {'k': 1}").await;
+    let failed = within(
+        session
+            .execute(
+                ExecuteRequest::new(
+                    "lst.append(2)\nd['k'] = 2\nnew = 1\ndel d\nraise ValueError('no')",
+                )
+                .rollback_on_failure(),
+            )
+            .await
+            .unwrap()
+            .result(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(failed.status, ExecutionStatus::Error);
+    assert_eq!(
+        repr(&session, "(lst, d, 'new' in globals())").await,
+        "([1], {'k': 1}, False)"
+    );
+    // The default keeps what a failed execution did.
+    run(&session, "lst.append(2)\nraise ValueError('kept')").await;
+    assert_eq!(repr(&session, "lst").await, "[1, 2]");
+}
+
+#[tokio::test]
+async fn info_lists_variables_and_the_source_of_session_definitions() {
+    let engine = engine_in(&state_dir()).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(
+        &session,
+        "numbers = list(range(1000))\ndef double(n):\n    return 2 * n",
+    )
+    .await;
+    let info = session.info().await.unwrap();
+    let namespace = info.namespace.expect("the worker describes its namespace");
+    let numbers = namespace
+        .variables
+        .iter()
+        .find(|v| v.name == "numbers")
+        .expect("numbers is listed");
+    assert_eq!(numbers.type_name, "list");
+    assert!(numbers.size_bytes.unwrap_or(0) > 1000);
+    let double = namespace
+        .definitions
+        .iter()
+        .find(|d| d.name == "double")
+        .expect("double is listed");
+    assert_eq!(double.kind, "function");
+    assert!(double.source.contains("return 2 * n"));
+    assert!(namespace.rss_bytes.unwrap_or(0) > 0);
+}
