@@ -11,21 +11,18 @@
 //! refuses work until the last handle to it is dropped.
 
 use std::collections::VecDeque;
-use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use pyvisor_protocol::{HostMessage, WorkerMessage, WorkerStatus};
+use pyvisor_protocol::HostMessage;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
-use crate::checkpoint::CheckpointInfo;
 use crate::errors::SessionError;
 use crate::execution::{
-    DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
-    OutputStream,
+    ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
 };
 use crate::limits::SessionLimits;
 use crate::metrics::{self, EngineCounters};
@@ -33,16 +30,18 @@ use crate::pool::{Acquire, PoolActor, Slot};
 use crate::running::{InterruptCause, Running};
 use crate::worker::{Worker, WorkerEvent, WorkerSpec};
 
+mod handlers;
 mod messages;
 mod state;
+mod worker_events;
 
 pub use messages::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Drain, EventSender, Execute,
     ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary,
     SendInput, SessionEnded, SessionPhase, SessionSnapshot,
 };
+use state::Durability;
 pub use state::{AutoCheckpoint, Inspection, StateSetup};
-use state::{Durability, INSPECT_TIMEOUT};
 
 /// Most executions waiting behind the running one.
 pub const MAX_QUEUED_EXECUTIONS: usize = 1024;
@@ -319,95 +318,6 @@ impl SessionActor {
         }
     }
 
-    fn on_message(&mut self, message: WorkerMessage, ctx: &mut Context<Self>) {
-        // Answers to state requests may come in any state, also between executions.
-        let message = match message {
-            WorkerMessage::CheckpointDone {
-                id,
-                saved,
-                lost,
-                error,
-                ..
-            } => return self.checkpoint_done(&id, saved, lost, error, ctx),
-            WorkerMessage::RestoreDone {
-                id,
-                restored,
-                lost,
-                error,
-            } => return self.restore_done(&id, restored, lost, error),
-            WorkerMessage::InspectDone {
-                id,
-                variables,
-                definitions,
-                rss_bytes,
-            } => {
-                let inspection = Inspection {
-                    variables,
-                    definitions,
-                    rss_bytes,
-                };
-                return self.inspect_done(&id, inspection);
-            }
-            other => other,
-        };
-        let State::Busy(running) = &mut self.state else {
-            return self.kill_worker(format!("unexpected message while idle: {message:?}"));
-        };
-        let execution_id = running.ticket.execution_id.clone();
-        match message {
-            WorkerMessage::Result {
-                id,
-                status,
-                result,
-                error,
-                changed,
-                ..
-            } if id == execution_id => {
-                let status = match (status, &error, running.interrupt) {
-                    (WorkerStatus::Ok, _, _) => ExecutionStatus::Ok,
-                    (WorkerStatus::Error, Some(e), Some(cause))
-                        if e.type_name == "KeyboardInterrupt" =>
-                    {
-                        cause.status()
-                    }
-                    (WorkerStatus::Error, _, _) => ExecutionStatus::Error,
-                };
-                self.finish(status, result, error, ctx);
-                self.count_change(changed, ctx);
-            }
-            WorkerMessage::InputRequest {
-                id,
-                prompt,
-                password,
-            } if id == execution_id => {
-                let answerable = running.request.input && !running.events.is_closed();
-                if answerable {
-                    let _ = running
-                        .events
-                        .send(Ok(ExecutionEvent::InputRequest { prompt, password }));
-                    let timeout = self.setup.limits.input_timeout;
-                    let waiting_id = id.clone();
-                    let timer = ctx.run_later(timeout, move |act, _| {
-                        act.answer_input(&waiting_id, None);
-                    });
-                    running.pending_input = Some(timer);
-                } else if let Some(worker) = &self.worker {
-                    let _ = worker
-                        .writer
-                        .send(&HostMessage::InputReply { id, value: None });
-                }
-            }
-            WorkerMessage::Display { id, mime, data } if id == execution_id => {
-                let display = DisplayData { mime, data };
-                let _ = running
-                    .events
-                    .send(Ok(ExecutionEvent::Display(display.clone())));
-                running.display.push(display);
-            }
-            other => self.kill_worker(format!("unexpected message: {other:?}")),
-        }
-    }
-
     /// Sends an input reply for `execution_id` if it is waiting; false otherwise.
     fn answer_input(&mut self, execution_id: &str, value: Option<String>) -> bool {
         let State::Busy(running) = &mut self.state else {
@@ -424,12 +334,6 @@ impl SessionActor {
             });
         }
         true
-    }
-
-    fn on_output(&mut self, stream: OutputStream, bytes: &[u8]) {
-        if let State::Busy(running) = &mut self.state {
-            running.push_output(stream, bytes);
-        }
     }
 
     /// Ends the running execution with `status` and starts the next one.
@@ -460,50 +364,6 @@ impl SessionActor {
             }
         }
         self.start_next(ctx);
-    }
-
-    /// The worker is gone: end the running execution, then stop, so that supervision
-    /// restarts the actor with a new worker (or finish closing).
-    fn on_exit(&mut self, status: Option<ExitStatus>, ctx: &mut Context<Self>) {
-        self.worker = None;
-        let cause = describe_exit(status, self.kill_reason.take());
-        tracing::info!(session = %self.session_id, %cause, "worker exited");
-        if let State::Closing = self.state {
-            self.forget_worker_requests(false);
-            return self.finish_close();
-        }
-        self.setup.counters.worker_crashed();
-        let recovered = self.forget_worker_requests(true);
-        let comeback = match &recovered {
-            Some(r) => format!(
-                "the session restarts from checkpoint {} ({} execution(s) lost)",
-                r.checkpoint_id, r.lost_executions
-            ),
-            None => "the session restarted with a fresh namespace".to_owned(),
-        };
-        if let State::Busy(running) = &mut self.state {
-            running.recovered = recovered;
-            let (status, error) = match running.interrupt {
-                Some(InterruptCause::Timeout(limit)) => (
-                    ExecutionStatus::Timeout,
-                    host_error(
-                        "TimeoutError",
-                        format!("execution exceeded its {limit:?} timeout; {cause}; {comeback}"),
-                    ),
-                ),
-                _ => (
-                    ExecutionStatus::Crashed,
-                    host_error("WorkerCrashed", format!("{cause}; {comeback}")),
-                ),
-            };
-            // With no worker, `finish` leaves the queue alone until the restart completes.
-            self.finish(status, None, Some(error), ctx);
-        } else {
-            self.durability.recovered = recovered;
-        }
-        self.restarts += 1;
-        self.state = State::Restarting;
-        ctx.stop();
     }
 
     /// Ends every queued execution with an error result.
@@ -603,32 +463,6 @@ fn host_error(type_name: &str, message: impl Into<String>) -> ErrorInfo {
     }
 }
 
-/// A human sentence for how the worker ended.
-fn describe_exit(status: Option<ExitStatus>, kill_reason: Option<String>) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    let how = match status.map_or((None, None), |status| (status.code(), status.signal())) {
-        (Some(code), _) => format!("the worker exited with code {code}"),
-        (None, Some(libc::SIGXCPU)) => {
-            "the worker hit its cpu limit (limits.cpu_s) and was killed by SIGXCPU".to_owned()
-        }
-        (None, Some(signal)) => {
-            let name = nix::sys::signal::Signal::try_from(signal)
-                .map(|s| s.as_str().to_owned())
-                .unwrap_or_else(|_| format!("signal {signal}"));
-            format!("the worker was killed by {name}")
-        }
-        (None, None) if status.is_none() => {
-            "the worker ended (its exit status is unknown: the zygote that forked it is gone)"
-                .to_owned()
-        }
-        (None, None) => "the worker ended".to_owned(),
-    };
-    match kill_reason {
-        Some(reason) => format!("{how} ({reason})"),
-        None => how,
-    }
-}
-
 impl Actor for SessionActor {
     type Context = Context<Self>;
 
@@ -665,248 +499,5 @@ impl Supervised for SessionActor {
         }
         self.kill_reason = None;
         self.durability.forget_timers();
-    }
-}
-
-impl StreamHandler<Tagged> for SessionActor {
-    fn handle(&mut self, Tagged(generation, event): Tagged, ctx: &mut Context<Self>) {
-        if generation != self.generation {
-            return;
-        }
-        match event {
-            WorkerEvent::Output { stream, bytes } => self.on_output(stream, &bytes),
-            WorkerEvent::Message(message) => self.on_message(message, ctx),
-            // A worker being ended closes its pipe on the way out: nothing to report.
-            WorkerEvent::ProtocolError(_)
-                if matches!(self.state, State::Closing) || self.kill_reason.is_some() => {}
-            WorkerEvent::ProtocolError(reason) => {
-                tracing::warn!(session = %self.session_id, %reason, "protocol error");
-                self.kill_worker(format!("protocol error: {reason}"));
-            }
-            WorkerEvent::Exited(status) => self.on_exit(status, ctx),
-        }
-        self.publish_phase();
-    }
-
-    /// A worker's event stream ends after its exit; the session lives on.
-    fn finished(&mut self, _: &mut Context<Self>) {}
-}
-
-impl Handler<Execute> for SessionActor {
-    type Result = Result<ExecutionTicket, SessionError>;
-
-    fn handle(&mut self, msg: Execute, ctx: &mut Context<Self>) -> Self::Result {
-        if let Err(err) = self.admit(&msg.request) {
-            // Callers that did not wait for this reply learn the reason from the channel.
-            let _ = msg.events.send(Err(err.clone()));
-            return Err(err);
-        }
-        if let State::Failed = self.state {
-            self.replace_worker(ctx);
-        }
-        self.execution_count += 1;
-        let ticket = ExecutionTicket {
-            execution_id: format!("e-{}", self.execution_count),
-            execution_count: self.execution_count,
-        };
-        self.queue.push_back(Queued {
-            ticket: ticket.clone(),
-            request: msg.request,
-            events: msg.events,
-        });
-        self.start_next(ctx);
-        self.publish_phase();
-        Ok(ticket)
-    }
-}
-
-impl Handler<SendInput> for SessionActor {
-    type Result = Result<(), SessionError>;
-
-    fn handle(&mut self, msg: SendInput, ctx: &mut Context<Self>) -> Self::Result {
-        let pending = match &mut self.state {
-            State::Busy(running) if running.ticket.execution_id == msg.execution_id => {
-                running.pending_input.take()
-            }
-            _ => None,
-        };
-        let Some(timer) = pending else {
-            return Err(SessionError::NoPendingInput {
-                execution_id: msg.execution_id,
-            });
-        };
-        ctx.cancel_future(timer);
-        if let Some(worker) = &self.worker {
-            let _ = worker.writer.send(&HostMessage::InputReply {
-                id: msg.execution_id,
-                value: msg.value,
-            });
-        }
-        Ok(())
-    }
-}
-
-impl Handler<Interrupt> for SessionActor {
-    type Result = bool;
-
-    fn handle(&mut self, _: Interrupt, ctx: &mut Context<Self>) -> bool {
-        self.interrupt(InterruptCause::User, ctx)
-    }
-}
-
-impl Handler<GetInfo> for SessionActor {
-    // A plain future, not an actor future: it must survive a restart of the actor.
-    type Result = ResponseFuture<SessionSnapshot>;
-
-    fn handle(&mut self, _: GetInfo, _: &mut Context<Self>) -> Self::Result {
-        let inspection = self.start_inspect();
-        let mut snapshot = SessionSnapshot {
-            session_id: self.session_id.clone(),
-            phase: self.state.phase(),
-            pid: self.worker.as_ref().map(Worker::pid),
-            python_version: self.worker.as_ref().map(|w| w.info.python_version.clone()),
-            execution_count: self.execution_count,
-            queued: self.queue.len(),
-            restarts: self.restarts,
-            containment: self.worker.as_ref().map(|w| w.containment),
-            last_checkpoint: self.durability.last.map(|last| last.id.to_string()),
-            namespace: None,
-        };
-        Box::pin(async move {
-            if let Some(answer) = inspection {
-                snapshot.namespace = tokio::time::timeout(INSPECT_TIMEOUT, answer)
-                    .await
-                    .ok()
-                    .and_then(Result::ok);
-            }
-            snapshot
-        })
-    }
-}
-
-impl Handler<Close> for SessionActor {
-    type Result = ResponseFuture<()>;
-
-    fn handle(&mut self, msg: Close, ctx: &mut Context<Self>) -> Self::Result {
-        let open = !matches!(self.state, State::Closing | State::Closed);
-        // A busy worker would checkpoint only after its execution, which a close must not
-        // wait for: the session keeps its last checkpoint instead.
-        let idle = !matches!(self.state, State::Busy(_));
-        if open && idle && msg.state == CloseState::Checkpoint {
-            // Checkpoint first, then close through the mailbox, which outlives a restart.
-            let (reply, written) = oneshot::channel();
-            let started = self.start_checkpoint(Some(reply), ctx);
-            let session = ctx.address();
-            return Box::pin(async move {
-                let outcome = match started {
-                    Ok(()) => written.await.map_or(Ok(()), |stored| stored.map(drop)),
-                    Err(err) => Err(err),
-                };
-                if let Err(err) = outcome {
-                    tracing::warn!(error = %err, "no last checkpoint before close");
-                }
-                let close = Close {
-                    graceful: msg.graceful,
-                    state: CloseState::Keep,
-                };
-                let _ = session.send(close).await;
-            });
-        }
-        let (done, closed) = oneshot::channel();
-        match self.state {
-            State::Closed => {
-                let _ = done.send(());
-            }
-            State::Closing => self.closers.push(done),
-            _ => {
-                self.closers.push(done);
-                self.keep_state = msg.state != CloseState::Forget;
-                self.begin_close(msg.graceful, ctx);
-            }
-        }
-        self.publish_phase();
-        Box::pin(async move {
-            let _ = closed.await;
-        })
-    }
-}
-
-impl Handler<CheckpointNow> for SessionActor {
-    type Result = ResponseFuture<Result<CheckpointSummary, SessionError>>;
-
-    fn handle(&mut self, _: CheckpointNow, ctx: &mut Context<Self>) -> Self::Result {
-        let (reply, written) = oneshot::channel();
-        if let Err(err) = self.start_checkpoint(Some(reply), ctx) {
-            return Box::pin(async move { Err(err) });
-        }
-        let session_id = self.session_id.clone();
-        Box::pin(async move {
-            written
-                .await
-                .unwrap_or(Err(SessionError::Closed { session_id }))
-        })
-    }
-}
-
-impl Handler<RestoreCheckpoint> for SessionActor {
-    type Result = ResponseFuture<Result<RestoreSummary, SessionError>>;
-
-    fn handle(&mut self, msg: RestoreCheckpoint, ctx: &mut Context<Self>) -> Self::Result {
-        let (reply, restored) = oneshot::channel();
-        if self.worker.is_none() {
-            let err = self.no_worker();
-            return Box::pin(async move { Err(err) });
-        }
-        self.start_restore(msg.checkpoint_id, Some(reply), false, ctx);
-        let session_id = self.session_id.clone();
-        Box::pin(async move {
-            restored
-                .await
-                .unwrap_or(Err(SessionError::Closed { session_id }))
-        })
-    }
-}
-
-impl Handler<ListCheckpoints> for SessionActor {
-    type Result = ResponseFuture<Result<Vec<CheckpointInfo>, SessionError>>;
-
-    fn handle(&mut self, _: ListCheckpoints, _: &mut Context<Self>) -> Self::Result {
-        let session_id = self.session_id.clone();
-        let Some(state) = &self.setup.state else {
-            return Box::pin(async move { Err(SessionError::CheckpointsOff { session_id }) });
-        };
-        let (store, key) = (state.store.clone(), state.key.clone());
-        Box::pin(async move {
-            let listed = tokio::task::spawn_blocking(move || store.list(&key)).await;
-            match listed {
-                Ok(Ok(list)) => Ok(list),
-                Ok(Err(err)) => Err(SessionError::Checkpoint {
-                    session_id,
-                    source: Arc::new(err),
-                }),
-                Err(join) => Err(SessionError::WorkerState {
-                    session_id,
-                    reason: format!("listing checkpoints panicked: {join}"),
-                }),
-            }
-        })
-    }
-}
-
-impl Handler<Drain> for SessionActor {
-    type Result = ResponseFuture<()>;
-
-    fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> Self::Result {
-        let waiting = self.draining.get_or_insert_with(Vec::new);
-        let (done, drained) = oneshot::channel();
-        if matches!(self.state, State::Busy(_)) {
-            waiting.push(done);
-        } else {
-            let _ = done.send(());
-        }
-        self.fail_queue("the engine is shutting down");
-        Box::pin(async move {
-            let _ = drained.await;
-        })
     }
 }

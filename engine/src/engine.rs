@@ -22,8 +22,8 @@ use pyvisor_actors::supervisor::{
     Supervisor, SupervisorConfig,
 };
 use pyvisor_actors::worker::{
-    install_worker_script, resolve_interpreter, CgroupManager, CgroupMechanism, Janitor,
-    WorkerSpec, Zygote,
+    compile_worker_script, install_worker_script, resolve_interpreter, CgroupManager,
+    CgroupMechanism, Janitor, WorkerSpec, Zygote,
 };
 use pyvisor_actors::ProcessLimits;
 use tokio::sync::oneshot;
@@ -206,7 +206,7 @@ fn supervisor_config(
     counters: Arc<EngineCounters>,
 ) -> Result<(SupervisorConfig, Option<Scratch>), EngineError> {
     let python = resolve_interpreter(&config.python)?;
-    let script = install_worker_script(&config.cache_dir())?;
+    let script = compile_worker_script(&python, &install_worker_script(&config.cache_dir())?);
     let janitor = Arc::new(Janitor::start(&python)?);
     let zygote = start_zygote(config, &python, &script, &janitor);
     let (state, scratch) = open_state(&config.state)?.unzip();

@@ -16,7 +16,9 @@ pub use cgroup::{CgroupLeaf, CgroupLimits, CgroupManager, CgroupMechanism};
 pub use janitor::Janitor;
 pub use output::{CappedOutput, Utf8Chunker};
 pub use pump::WorkerEvent;
-pub use script::{install_worker_script, resolve_interpreter, WORKER_SOURCE};
+pub use script::{
+    compile_worker_script, install_worker_script, resolve_interpreter, WORKER_SOURCE,
+};
 pub use spawn::{Worker, WorkerInfo, WorkerOrigin, WorkerSpec};
 pub use writer::FrameWriter;
 pub use zygote::Zygote;

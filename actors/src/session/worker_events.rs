@@ -1,0 +1,204 @@
+//! What a session does with what its worker says and does: frames (results, input
+//! requests, displays, answers to state requests), output, and the worker's exit.
+
+use std::process::ExitStatus;
+
+use actix::prelude::*;
+use pyvisor_protocol::{HostMessage, WorkerMessage, WorkerStatus};
+
+use super::state::Inspection;
+use super::{host_error, SessionActor, State, Tagged};
+use crate::execution::{DisplayData, ExecutionEvent, ExecutionStatus, OutputStream};
+use crate::running::InterruptCause;
+use crate::worker::WorkerEvent;
+
+impl SessionActor {
+    fn on_message(&mut self, message: WorkerMessage, ctx: &mut Context<Self>) {
+        // Answers to state requests may come in any state, also between executions.
+        let message = match message {
+            WorkerMessage::CheckpointDone {
+                id,
+                saved,
+                lost,
+                error,
+                ..
+            } => return self.checkpoint_done(&id, saved, lost, error, ctx),
+            WorkerMessage::RestoreDone {
+                id,
+                restored,
+                lost,
+                error,
+            } => return self.restore_done(&id, restored, lost, error),
+            WorkerMessage::InspectDone {
+                id,
+                variables,
+                definitions,
+                rss_bytes,
+            } => {
+                let inspection = Inspection {
+                    variables,
+                    definitions,
+                    rss_bytes,
+                };
+                return self.inspect_done(&id, inspection);
+            }
+            other => other,
+        };
+        let State::Busy(running) = &mut self.state else {
+            return self.kill_worker(format!("unexpected message while idle: {message:?}"));
+        };
+        let execution_id = running.ticket.execution_id.clone();
+        match message {
+            WorkerMessage::Result {
+                id,
+                status,
+                result,
+                error,
+                changed,
+                ..
+            } if id == execution_id => {
+                let status = match (status, &error, running.interrupt) {
+                    (WorkerStatus::Ok, _, _) => ExecutionStatus::Ok,
+                    (WorkerStatus::Error, Some(e), Some(cause))
+                        if e.type_name == "KeyboardInterrupt" =>
+                    {
+                        cause.status()
+                    }
+                    (WorkerStatus::Error, _, _) => ExecutionStatus::Error,
+                };
+                self.finish(status, result, error, ctx);
+                self.count_change(changed, ctx);
+            }
+            WorkerMessage::InputRequest {
+                id,
+                prompt,
+                password,
+            } if id == execution_id => {
+                let answerable = running.request.input && !running.events.is_closed();
+                if answerable {
+                    let _ = running
+                        .events
+                        .send(Ok(ExecutionEvent::InputRequest { prompt, password }));
+                    let timeout = self.setup.limits.input_timeout;
+                    let waiting_id = id.clone();
+                    let timer = ctx.run_later(timeout, move |act, _| {
+                        act.answer_input(&waiting_id, None);
+                    });
+                    running.pending_input = Some(timer);
+                } else if let Some(worker) = &self.worker {
+                    let _ = worker
+                        .writer
+                        .send(&HostMessage::InputReply { id, value: None });
+                }
+            }
+            WorkerMessage::Display { id, mime, data } if id == execution_id => {
+                let display = DisplayData { mime, data };
+                let _ = running
+                    .events
+                    .send(Ok(ExecutionEvent::Display(display.clone())));
+                running.display.push(display);
+            }
+            other => self.kill_worker(format!("unexpected message: {other:?}")),
+        }
+    }
+
+    fn on_output(&mut self, stream: OutputStream, bytes: &[u8]) {
+        if let State::Busy(running) = &mut self.state {
+            running.push_output(stream, bytes);
+        }
+    }
+
+    /// The worker is gone: end the running execution, then stop, so that supervision
+    /// restarts the actor with a new worker (or finish closing).
+    fn on_exit(&mut self, status: Option<ExitStatus>, ctx: &mut Context<Self>) {
+        self.worker = None;
+        let cause = describe_exit(status, self.kill_reason.take());
+        tracing::info!(session = %self.session_id, %cause, "worker exited");
+        if let State::Closing = self.state {
+            self.forget_worker_requests(false);
+            return self.finish_close();
+        }
+        self.setup.counters.worker_crashed();
+        let recovered = self.forget_worker_requests(true);
+        let comeback = match &recovered {
+            Some(r) => format!(
+                "the session restarts from checkpoint {} ({} execution(s) lost)",
+                r.checkpoint_id, r.lost_executions
+            ),
+            None => "the session restarted with a fresh namespace".to_owned(),
+        };
+        if let State::Busy(running) = &mut self.state {
+            running.recovered = recovered;
+            let (status, error) = match running.interrupt {
+                Some(InterruptCause::Timeout(limit)) => (
+                    ExecutionStatus::Timeout,
+                    host_error(
+                        "TimeoutError",
+                        format!("execution exceeded its {limit:?} timeout; {cause}; {comeback}"),
+                    ),
+                ),
+                _ => (
+                    ExecutionStatus::Crashed,
+                    host_error("WorkerCrashed", format!("{cause}; {comeback}")),
+                ),
+            };
+            // With no worker, `finish` leaves the queue alone until the restart completes.
+            self.finish(status, None, Some(error), ctx);
+        } else {
+            self.durability.recovered = recovered;
+        }
+        self.restarts += 1;
+        self.state = State::Restarting;
+        ctx.stop();
+    }
+}
+
+/// A human sentence for how the worker ended.
+fn describe_exit(status: Option<ExitStatus>, kill_reason: Option<String>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let how = match status.map_or((None, None), |status| (status.code(), status.signal())) {
+        (Some(code), _) => format!("the worker exited with code {code}"),
+        (None, Some(libc::SIGXCPU)) => {
+            "the worker hit its cpu limit (limits.cpu_s) and was killed by SIGXCPU".to_owned()
+        }
+        (None, Some(signal)) => {
+            let name = nix::sys::signal::Signal::try_from(signal)
+                .map(|s| s.as_str().to_owned())
+                .unwrap_or_else(|_| format!("signal {signal}"));
+            format!("the worker was killed by {name}")
+        }
+        (None, None) if status.is_none() => {
+            "the worker ended (its exit status is unknown: the zygote that forked it is gone)"
+                .to_owned()
+        }
+        (None, None) => "the worker ended".to_owned(),
+    };
+    match kill_reason {
+        Some(reason) => format!("{how} ({reason})"),
+        None => how,
+    }
+}
+
+impl StreamHandler<Tagged> for SessionActor {
+    fn handle(&mut self, Tagged(generation, event): Tagged, ctx: &mut Context<Self>) {
+        if generation != self.generation {
+            return;
+        }
+        match event {
+            WorkerEvent::Output { stream, bytes } => self.on_output(stream, &bytes),
+            WorkerEvent::Message(message) => self.on_message(message, ctx),
+            // A worker being ended closes its pipe on the way out: nothing to report.
+            WorkerEvent::ProtocolError(_)
+                if matches!(self.state, State::Closing) || self.kill_reason.is_some() => {}
+            WorkerEvent::ProtocolError(reason) => {
+                tracing::warn!(session = %self.session_id, %reason, "protocol error");
+                self.kill_worker(format!("protocol error: {reason}"));
+            }
+            WorkerEvent::Exited(status) => self.on_exit(status, ctx),
+        }
+        self.publish_phase();
+    }
+
+    /// A worker's event stream ends after its exit; the session lives on.
+    fn finished(&mut self, _: &mut Context<Self>) {}
+}
