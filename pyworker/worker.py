@@ -14,13 +14,15 @@ Host -> worker:
     {"type": "execute", "id": "e-1", "code": "...", "repr_limit": 65536,
      "transaction": "commit_always" | "rollback_on_failure"}     commit_always when absent
     {"type": "input_reply", "id": "e-1", "value": "text"}     "value": null makes it EOF
+    {"type": "interrupt", "id": "e-1"}
     {"type": "checkpoint", "id": "c-1", "path": "/dir/file", "background": true}
     {"type": "restore", "id": "r-1", "path": "/dir/file", "clear": true}
     {"type": "inspect", "id": "i-1"}
     {"type": "shutdown"}
 
 Executions, checkpoints and restores run one at a time on the main thread, in arrival order.
-An inspect is answered at once by the thread that reads the requests, also while code runs.
+An inspect or an interrupt is handled at once by the thread that reads the requests, also while
+code runs.
 An input_reply counts only while an input() of that execution waits for one; other replies,
 and messages of unknown types, are ignored.
 
@@ -128,10 +130,17 @@ Ordering: before writing any frame, the worker flushes sys.stdout and sys.stderr
 original ones, should the code have replaced them), so all that the code printed before a frame
 is in the fd 1/2 pipes when the frame arrives. The worker itself never writes to fds 1 and 2.
 
-Interrupts: the host sends SIGINT to the worker's pid. It raises KeyboardInterrupt in the
-session's code, also inside blocking calls such as time.sleep() and input(), and in the repr()
-of the result. While no code runs it is ignored; while the code has a frame written (display(),
-input()) it is held back until the frame is whole.
+Interrupts: the host sends an interrupt naming the execution, not a signal, so that an
+interrupt sent as soon as the execute request is written is not lost while the execution waits
+for the main thread, and a late one never reaches the next execution. When that execution runs
+and has not been interrupted yet, the reader thread sends SIGINT to the main thread: it raises
+KeyboardInterrupt in the session's code, also inside blocking calls such as time.sleep() and
+input(), and in the repr() of the result; while the code has a frame written (display(),
+input()) it is held back until the frame is whole. When the worker has the execution but has
+not started it, the execution ends with a KeyboardInterrupt error as soon as the main thread
+takes it up, without running any code. An interrupt of an execution that has finished, or that
+the worker never received, is ignored. A SIGINT from elsewhere (the code's own os.kill()) raises
+KeyboardInterrupt in the running code too, and is ignored while no code runs.
 
 Exit status: 0 after a shutdown request or when the host closes its end of fd 3 or fd 4; 1 when
 the protocol stream is corrupt or its fds are unusable, or a preload module fails to import.
@@ -335,7 +344,7 @@ def _read_message():
 def _start_thread(function, *args):
     """Start a thread that runs `function(*args)` with every signal blocked.
 
-    The kernel then delivers the host's SIGINT (and any signal the code waits for) to the main
+    The kernel then delivers a SIGINT (and any signal the code waits for) to the main
     thread, waking it from blocking calls. The thread is not waited for (threading.Thread.start()
     would wait about a millisecond for it to be scheduled).
     """
@@ -359,8 +368,16 @@ def _read_requests():
         if message is None:
             continue
         kind = message.get("type")
-        if kind in ("execute", "checkpoint", "restore"):
+        if kind == "execute":
+            execution_id = message.get("id")
+            if type(execution_id) is str:
+                with _execution_lock:
+                    _waiting[execution_id] = False
             _requests.put(message)
+        elif kind in ("checkpoint", "restore"):
+            _requests.put(message)
+        elif kind == "interrupt":
+            _interrupt(message.get("id"))
         elif kind == "inspect":
             _send(_inspect(message))
         elif kind == "input_reply":
@@ -383,7 +400,13 @@ _namespace = _session.__dict__
 _WORKER_FILE = _on_sigint.__code__.co_filename
 
 _cell_count = 0
+# Which execution runs and which wait for the main thread, for the reader thread to route an
+# interrupt (see Interrupts in the docstring); the main thread changes _current_id under the
+# lock, which the reader thread holds from its check to its SIGINT.
+_execution_lock = threading.Lock()
 _current_id = None  # id of the running execution; other threads read it
+_current_interrupted = False  # the running execution has had its SIGINT
+_waiting = {}  # id of each execution received and not yet taken up -> whether it is interrupted
 _input_waiting_for = None  # id of the execution whose input() waits for an answer
 _input_lock = threading.Lock()
 _forked = False  # this process is a child that the session's code forked
@@ -395,15 +418,33 @@ _MISSING = object()  # the value of a name that is not bound
 _definitions = {}
 
 
+def _interrupt(execution_id):
+    """Reader thread: interrupt the execution `execution_id` if it runs or waits, else nothing."""
+    global _current_interrupted
+    if type(execution_id) is not str:
+        return
+    with _execution_lock:
+        if execution_id == _current_id:
+            if not _current_interrupted:
+                _current_interrupted = True
+                # To the main thread itself, which the code may block in a system call.
+                signal.pthread_kill(_MAIN_THREAD, signal.SIGINT)
+        elif execution_id in _waiting:
+            _waiting[execution_id] = True
+
+
 def _execute(request):
     """Run one execute request in the session namespace; return its result message."""
-    global _cell_count, _current_id, _sigint_action
+    global _cell_count, _current_id, _current_interrupted, _sigint_action
     execution_id = request.get("id")
     code = request.get("code")
     repr_limit = request.get("repr_limit", DEFAULT_REPR_LIMIT)
     transaction = request.get("transaction", "commit_always")
     if (not isinstance(code, str) or not isinstance(repr_limit, int)
             or transaction not in ("commit_always", "rollback_on_failure")):
+        if type(execution_id) is str:
+            with _execution_lock:
+                _waiting.pop(execution_id, None)
         problem = "execute request %r needs a code string, an int repr_limit and a transaction"
         raise TypeError(problem % (execution_id,))
     _cell_count += 1
@@ -412,16 +453,23 @@ def _execute(request):
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     cell = _Cell(code, filename)
     watch = _Watch(cell, rollback=transaction == "rollback_on_failure")
-    _current_id = execution_id
-    _sigint_action = "raise"
     try:
+        with _execution_lock:  # taken up: from here on, an interrupt of it is a SIGINT
+            interrupted = type(execution_id) is str and _waiting.pop(execution_id, False)
+            if not interrupted:
+                _current_id = execution_id
+                _current_interrupted = False
+                _sigint_action = "raise"
+        if interrupted:  # before it started: it ends without running any code
+            raise KeyboardInterrupt
         watch.before_run()  # part of the execution: a SIGINT stops a long snapshot too
         value, error = _run_cell(cell, repr_limit), None
     except BaseException as exc:
         value, error = None, exc
     finally:
-        _sigint_action = "ignore"
-        _current_id = None
+        _sigint_action = "ignore"  # first: a SIGINT on its way from here on is ignored
+        with _execution_lock:
+            _current_id = None
         if _input_waiting_for is not None:
             _input_replies.put(None)  # an input() on another thread outlived its execution
     if _forked:
@@ -959,9 +1007,10 @@ def _ask(prompt, password):
 
 def _after_fork_in_child():
     """Keep a process that the session's code forked off the protocol pipes."""
-    global _forked, _current_id
+    global _forked, _current_id, _execution_lock
     _forked = True
     _current_id = None
+    _execution_lock = threading.Lock()  # the reader thread, not forked, may have held it
 
 
 # --- main loop --------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 //! The SessionActor: one per session, owning exactly one Python worker at a time.
 //!
 //! Callers (the engine's `Session` handle, later the RPC server) send it [`Execute`],
-//! [`SendInput`], [`Interrupt`], [`GetInfo`], [`Drain`] and [`Close`]. It serialises
-//! executions in a bounded queue, relays the worker's output, input requests and displays to
-//! the caller of the running execution, enforces the timeout (SIGINT, then SIGKILL of the
-//! process group after the grace period) and treats the worker's exit as an ordinary event:
+//! [`SendInput`], [`Interrupt`], [`GetInfo`], [`Drain`], [`Close`] and the checkpoint
+//! messages. It serialises executions in a bounded queue, relays the worker's output, input
+//! requests and displays to the caller of the running execution, enforces the timeout (an
+//! interrupt frame, then SIGKILL of the process group after the grace period) and treats the
+//! worker's exit as an ordinary event:
 //! the running execution ends `crashed` (or `timeout`) and the actor stops, so that actix
 //! supervision restarts it under the same session id; the restarted actor keeps its queue
 //! and takes a fresh worker from the pool. A closed session stays behind as a tombstone that
@@ -284,8 +285,8 @@ impl SessionActor {
         }
     }
 
-    /// SIGINT to the running code, and SIGKILL of the group if it has not stopped after the
-    /// grace period. Returns whether an execution was running.
+    /// An interrupt frame for the running execution, and SIGKILL of the group if it has not
+    /// stopped after the grace period. Returns whether an execution was running.
     fn interrupt(&mut self, cause: InterruptCause, ctx: &mut Context<Self>) -> bool {
         let State::Busy(running) = &mut self.state else {
             return false;
@@ -294,10 +295,10 @@ impl SessionActor {
             return true;
         }
         running.interrupt = Some(cause);
-        if let Some(worker) = &self.worker {
-            worker.interrupt();
-        }
         let execution_id = running.ticket.execution_id.clone();
+        if let Some(worker) = &self.worker {
+            worker.interrupt(&execution_id);
+        }
         let grace = self.setup.limits.interrupt_grace;
         ctx.run_later(grace, move |act, _| {
             if act.running_id() == Some(&execution_id) {

@@ -266,7 +266,7 @@ async fn forked_worker_is_interrupted_like_a_spawned_one() {
     let outcome = tokio::time::timeout(PATIENCE, async {
         loop {
             match worker.events.recv().await.expect("the worker is alive") {
-                WorkerEvent::Output { .. } => worker.interrupt(),
+                WorkerEvent::Output { .. } => worker.interrupt("sleep"),
                 WorkerEvent::Message(WorkerMessage::Result { error, .. }) => return error,
                 other => panic!("unexpected {other:?}"),
             }

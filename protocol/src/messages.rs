@@ -24,6 +24,10 @@ pub enum HostMessage {
         #[serde(default)]
         transaction: Transaction,
     },
+    /// Interrupt the execution `id`: `KeyboardInterrupt` in its code if it runs, or, if the
+    /// worker has it but has not started it, a `KeyboardInterrupt` result without running it.
+    /// Ignored once that execution has finished, so it never reaches a later one.
+    Interrupt { id: String },
     /// Answer to an [`WorkerMessage::InputRequest`]; `None` makes `input()` raise `EOFError`.
     InputReply { id: String, value: Option<String> },
     /// Ask the worker to exit cleanly.
@@ -254,6 +258,10 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&HostMessage::Start).unwrap(),
             r#"{"type":"start"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&HostMessage::Interrupt { id: "e-1".into() }).unwrap(),
+            r#"{"type":"interrupt","id":"e-1"}"#
         );
     }
 }

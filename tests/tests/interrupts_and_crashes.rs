@@ -199,3 +199,56 @@ async fn dropping_the_engine_ends_every_worker() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_interrupt_right_after_execute_is_never_lost() {
+    let (_engine, session) = session().await;
+    run(&session, "kept = 'still here'").await;
+    let pid = session.info().await.unwrap().pid.unwrap();
+    for round in 0..50 {
+        // No wait: the worker may not have taken the execution up when the interrupt comes.
+        let execution = session
+            .execute("import time\ntime.sleep(30)")
+            .await
+            .unwrap();
+        assert!(session.interrupt().await.unwrap(), "round {round}");
+        let result = within(execution.result()).await.unwrap();
+        assert_eq!(
+            result.status,
+            ExecutionStatus::Interrupted,
+            "round {round}: {result:?}"
+        );
+        assert_eq!(result.error.unwrap().type_name, "KeyboardInterrupt");
+    }
+    assert_eq!(
+        run(&session, "kept").await.result.unwrap().repr,
+        "'still here'"
+    );
+    let info = session.info().await.unwrap();
+    assert_eq!(info.pid, Some(pid), "the worker was never replaced");
+    assert_eq!(info.restarts, 0);
+}
+
+#[tokio::test]
+async fn a_late_interrupt_does_not_disturb_the_next_execution() {
+    let (_engine, session) = session().await;
+    for round in 0..50 {
+        // The interrupt races the end of `x = 1`: it may come while that runs, or after the
+        // worker has finished it; either way it must not reach the next execution.
+        let first = session.execute("x = 1").await.unwrap();
+        session.interrupt().await.unwrap();
+        let next = session.execute("'next'").await.unwrap();
+        let first = within(first.result()).await.unwrap();
+        assert!(
+            matches!(
+                first.status,
+                ExecutionStatus::Ok | ExecutionStatus::Interrupted
+            ),
+            "round {round}: {first:?}"
+        );
+        let next = within(next.result()).await.unwrap();
+        assert_eq!(next.status, ExecutionStatus::Ok, "round {round}: {next:?}");
+        assert_eq!(next.result.unwrap().repr, "'next'");
+    }
+    assert_eq!(session.info().await.unwrap().restarts, 0);
+}

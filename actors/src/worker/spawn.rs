@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use command_fds::{CommandFdExt, FdMapping};
 use nix::fcntl::OFlag;
-use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{pipe2, Pid};
 use pyvisor_protocol::{HostMessage, Rlimit, RlimitResource, WorkerMessage, PROTOCOL_VERSION};
 use tokio::net::unix::pipe;
@@ -137,9 +137,14 @@ impl Worker {
         self.info.pid
     }
 
-    /// Sends SIGINT to the worker itself (not its children): `KeyboardInterrupt` in user code.
-    pub fn interrupt(&self) {
-        let _ = kill(Pid::from_raw(self.info.pid as i32), Signal::SIGINT);
+    /// Asks the worker to interrupt the execution `execution_id`: `KeyboardInterrupt` in its
+    /// code, or at once if the worker has not started it yet. An interrupt frame, not a
+    /// signal, so that it names the execution: it is neither lost while the worker has yet to
+    /// take the execution up, nor does a late one reach the next execution.
+    pub fn interrupt(&self, execution_id: &str) {
+        let _ = self.writer.send(&HostMessage::Interrupt {
+            id: execution_id.to_owned(),
+        });
     }
 
     /// Sends SIGKILL to the worker's whole process group.
