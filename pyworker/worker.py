@@ -1090,6 +1090,7 @@ def _checkpoint(request):
     checkpoint_id, path = request.get("id"), request.get("path")
     if not isinstance(path, str):
         raise TypeError("checkpoint request %r needs a path string" % (checkpoint_id,))
+    _pickler_base()  # imported here, not in every forked child
     if request.get("background") and _checkpoint_in_child(checkpoint_id, path):
         return None
     return _checkpoint_done(checkpoint_id, _write_checkpoint(path))
@@ -1265,6 +1266,30 @@ def _write_checkpoint(path):
     return {"bytes": size, "saved": saved, "lost": lost, "error": None}
 
 
+_pickler = None
+
+
+def _pickler_base():
+    """(name, Pickler class): cloudpickle's or dill's when one imports, else pickle's.
+
+    Imported once, in the worker itself: a forked checkpoint child that imported cloudpickle
+    would pay the ~30 ms of that import at every checkpoint.
+    """
+    global _pickler
+    if _pickler is None:
+        import importlib
+        import pickle
+
+        _pickler = ("pickle", pickle.Pickler)
+        for candidate in ("cloudpickle", "dill"):
+            try:
+                _pickler = (candidate, importlib.import_module(candidate).Pickler)
+                break
+            except Exception:
+                pass
+    return _pickler
+
+
 def _session_pickler(definitions):
     """(name, factory) of the pickler of values: factory(file, buffers) pickles to `file`.
 
@@ -1274,15 +1299,8 @@ def _session_pickler(definitions):
     restore as the objects that their restored source made, and modules as imports.
     """
     import importlib
-    import pickle
 
-    name, base = "pickle", pickle.Pickler
-    for candidate in ("cloudpickle", "dill"):
-        try:
-            base, name = importlib.import_module(candidate).Pickler, candidate
-            break
-        except Exception:
-            pass
+    name, base = _pickler_base()
     by_id = {id(value): (defined, value) for defined, (_, _, value) in definitions.items()}
     session = _session
 
