@@ -96,7 +96,9 @@ written. With "background": true the worker forks, and the child writes the file
 copy-on-write copy of the namespace while the worker goes on serving: checkpoint_done comes when
 the child is done, maybe after the results of later executions. The child writes nothing to fds
 1, 2 and 4: it sends its report (the JSON of checkpoint_done's fields) to the worker through a
-pipe. When fork() fails, the checkpoint is written at once, as without "background".
+pipe. When fork() fails, or when the last checkpoint was at most 4 MiB (writing it at once takes
+a few milliseconds, less than a child's copy-on-write faults cost), the checkpoint is written at
+once, as without "background".
 
 The file, which only the worker reads: 8 bytes b"PYVCKPT1"; for each pickled value, its pickle
 stream followed by its out-of-band buffers (pickle protocol 5 buffers of 64 KiB or more, such as
@@ -1090,10 +1092,22 @@ def _checkpoint(request):
     checkpoint_id, path = request.get("id"), request.get("path")
     if not isinstance(path, str):
         raise TypeError("checkpoint request %r needs a path string" % (checkpoint_id,))
+    global _last_checkpoint_bytes
     _pickler_base()  # imported here, not in every forked child
-    if request.get("background") and _checkpoint_in_child(checkpoint_id, path):
+    # A small namespace is written faster at once than by a child, whose writes copy every
+    # page it touches; the size of the last checkpoint tells which this one is likely to be.
+    small = _last_checkpoint_bytes is not None and _last_checkpoint_bytes <= _INLINE_CHECKPOINT_BYTES
+    if request.get("background") and not small and _checkpoint_in_child(checkpoint_id, path):
         return None
-    return _checkpoint_done(checkpoint_id, _write_checkpoint(path))
+    report = _write_checkpoint(path)
+    _last_checkpoint_bytes = report["bytes"]
+    return _checkpoint_done(checkpoint_id, report)
+
+
+# Checkpoints up to this size are written by the worker itself, larger ones by a forked child.
+_INLINE_CHECKPOINT_BYTES = 4 * 1024 * 1024
+# Size of the last checkpoint this worker wrote, None before the first.
+_last_checkpoint_bytes = None
 
 
 def _checkpoint_done(checkpoint_id, report):
@@ -1189,6 +1203,9 @@ def _await_checkpoint_child(checkpoint_id, path, pid, report_fd):
             report = _no_checkpoint("the process writing the checkpoint " + how)
     except BaseException as exc:
         report = _no_checkpoint(_worker_error(exc)["message"])
+    if report.get("error") is None:
+        global _last_checkpoint_bytes
+        _last_checkpoint_bytes = report.get("bytes")
     _send(_checkpoint_done(checkpoint_id, report))
 
 
@@ -1544,6 +1561,7 @@ def _zygote_main(modules):
         server.send({"type": "failed", "reason": failure})
         os._exit(1)
     compile("x = 1\nx", "<pyvisor-zygote>", "exec", dont_inherit=True)
+    _pickler_base()  # so that no forked worker's first checkpoint imports cloudpickle
     try:
         server.serve()
     except BaseException:
