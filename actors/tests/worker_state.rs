@@ -1,62 +1,25 @@
 //! The worker's state operations with real Python: checkpoints restored into a fresh worker,
 //! background checkpoints, transactions, the `changed` flag, and inspect.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::path::Path;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use pyvisor_actors::worker::{
-    install_worker_script, resolve_interpreter, Worker, WorkerEvent, WorkerSpec,
-};
-use pyvisor_actors::{OutputStream, ProcessLimits};
+use pyvisor_actors::worker::{Worker, WorkerEvent};
+use pyvisor_actors::OutputStream;
 use pyvisor_protocol::{
     Definition, ErrorInfo, HostMessage, LostName, ResultValue, Transaction, Variable,
     WorkerMessage, WorkerStatus,
 };
 
-/// Longest wait for anything in these tests; only a broken build comes near it.
-const PATIENCE: Duration = Duration::from_secs(60);
+mod common;
 
-struct Setup {
-    python: PathBuf,
-    script: PathBuf,
-}
-
-fn setup() -> &'static Setup {
-    static SETUP: OnceLock<Setup> = OnceLock::new();
-    SETUP.get_or_init(|| {
-        let python = resolve_interpreter("python3").expect("python3 runs");
-        let cache = std::env::temp_dir().join(format!("pyvisor-state-test-{}", std::process::id()));
-        let script = install_worker_script(&cache).expect("the worker script installs");
-        Setup { python, script }
-    })
-}
+use common::{python_has, spec, PATIENCE};
 
 async fn start() -> Worker {
-    let setup = setup();
-    let spec = WorkerSpec {
-        python: setup.python.clone(),
-        script: setup.script.clone(),
-        cwd: None,
-        env: Vec::new(),
-        handshake_timeout: Duration::from_secs(30),
-        max_frame: pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES,
-        limits: ProcessLimits::default(),
-        cgroups: None,
-        janitor: None,
-        preload: Vec::new(),
-        zygote: None,
-    };
-    Worker::start(&spec).await.expect("the worker starts")
-}
-
-fn python_has(module: &str) -> bool {
-    std::process::Command::new(&setup().python)
-        .args(["-I", "-c", &format!("import {module}")])
-        .status()
-        .is_ok_and(|status| status.success())
+    Worker::start(&spec(&[], None))
+        .await
+        .expect("the worker starts")
 }
 
 fn send(worker: &Worker, message: HostMessage) {

@@ -1,61 +1,20 @@
 //! The zygote fork server with real Python: forked workers have the preload modules, are
 //! contained like spawned ones, and every way the zygote or a worker can die is handled.
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pyvisor_actors::worker::{
-    install_worker_script, resolve_interpreter, CgroupManager, CgroupMechanism, Janitor, Worker,
-    WorkerEvent, WorkerOrigin, WorkerSpec, Zygote,
+    CgroupManager, CgroupMechanism, Worker, WorkerEvent, WorkerOrigin, WorkerSpec, Zygote,
 };
-use pyvisor_actors::{OutputStream, ProcessLimits, SpawnError};
+use pyvisor_actors::{OutputStream, SpawnError};
 use pyvisor_protocol::{HostMessage, ResultValue, WorkerMessage, WorkerStatus};
 
-/// Longest wait for anything in these tests; only a broken build comes near it.
-const PATIENCE: Duration = Duration::from_secs(60);
+mod common;
 
-struct Setup {
-    python: PathBuf,
-    script: PathBuf,
-    janitor: Arc<Janitor>,
-}
-
-fn setup() -> &'static Setup {
-    static SETUP: OnceLock<Setup> = OnceLock::new();
-    SETUP.get_or_init(|| {
-        let python = resolve_interpreter("python3").expect("python3 runs");
-        // Content-addressed and installed atomically: every run can share one directory.
-        let cache = std::env::temp_dir().join("pyvisor-zygote-test");
-        let script = install_worker_script(&cache).expect("the worker script installs");
-        let janitor = Arc::new(Janitor::start(&python).expect("the janitor starts"));
-        Setup {
-            python,
-            script,
-            janitor,
-        }
-    })
-}
-
-/// A spec as the engine builds it, with `preload` and `zygote`.
-fn spec(preload: &[&str], zygote: Option<Arc<Zygote>>) -> WorkerSpec {
-    let setup = setup();
-    WorkerSpec {
-        python: setup.python.clone(),
-        script: setup.script.clone(),
-        cwd: None,
-        env: Vec::new(),
-        handshake_timeout: Duration::from_secs(30),
-        max_frame: pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES,
-        limits: ProcessLimits::default(),
-        cgroups: None,
-        janitor: Some(setup.janitor.clone()),
-        preload: preload.iter().map(|m| m.to_string()).collect(),
-        zygote,
-    }
-}
+use common::{python_has, setup, spec, PATIENCE};
 
 async fn start_zygote(preload: &[&str]) -> Result<Arc<Zygote>, SpawnError> {
     let setup = setup();
@@ -153,13 +112,6 @@ fn alive(pid: u32) -> bool {
     })
 }
 
-fn pandas_installed() -> bool {
-    std::process::Command::new(&setup().python)
-        .args(["-I", "-c", "import pandas"])
-        .status()
-        .is_ok_and(|status| status.success())
-}
-
 #[tokio::test]
 async fn forked_worker_has_the_preload_module_imported_and_runs_code() {
     let zygote = start_zygote(&["decimal"]).await.unwrap();
@@ -181,7 +133,7 @@ async fn forked_worker_has_the_preload_module_imported_and_runs_code() {
 
 #[tokio::test]
 async fn forked_worker_has_pandas_preloaded() {
-    if !pandas_installed() {
+    if !python_has("pandas") {
         println!("pandas is not installed: skipping the pandas zygote test");
         return;
     }
