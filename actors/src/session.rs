@@ -406,8 +406,7 @@ impl SessionActor {
         self.worker = None;
         self.state = State::Closed;
         if let Some(state) = &self.setup.state {
-            let named = state.key.starts_with("name:");
-            if !(named && self.keep_state) {
+            if !(state.named() && self.keep_state) {
                 let (store, key) = (state.store.clone(), state.key.clone());
                 drop(tokio::task::spawn_blocking(move || {
                     if let Err(err) = store.remove_session(&key) {

@@ -17,6 +17,7 @@ use actix::prelude::*;
 use futures::future::join_all;
 use tokio::sync::oneshot;
 
+use crate::checkpoint::CheckpointStore;
 use crate::errors::SupervisorError;
 use crate::limits::ProcessLimits;
 use crate::pool::{Acquire, DrainPool, GetPoolStats, Lease, PoolActor, Release, Resize, Slot};
@@ -65,6 +66,11 @@ impl Supervisor {
         }
     }
 
+    /// The checkpoint store, when the engine keeps checkpoints.
+    fn store(&self) -> Option<CheckpointStore> {
+        self.config.state.as_ref().map(|state| state.store.clone())
+    }
+
     fn pool(&self) -> &Addr<PoolActor> {
         self.pool
             .as_ref()
@@ -105,7 +111,7 @@ impl Supervisor {
         let session_id = format!("{}-{}", self.id_prefix, self.created);
         let state = self.config.state.as_ref().map(|state| StateSetup {
             store: state.store.clone(),
-            key: state_key(options.name.as_deref(), &session_id),
+            key: StateSetup::key_for(options.name.as_deref(), &session_id),
             policy: state.policy,
             scratch: state.scratch.clone(),
             restore_on_start: on_disk,
@@ -156,13 +162,16 @@ fn attach(existing: &SessionHandle, owner: Option<&str>) -> Result<SessionHandle
     })
 }
 
-/// The key of a session's checkpoints in the store: its name when it has one (a later
-/// engine finds it by name), else its id.
-fn state_key(name: Option<&str>, session_id: &str) -> String {
-    match name {
-        Some(name) => format!("name:{name}"),
-        None => format!("id:{session_id}"),
-    }
+/// Whether `store` holds checkpoints of the session named `name`, which an earlier engine
+/// left (read on the blocking pool, never on the actor's thread).
+async fn left_on_disk(store: Option<CheckpointStore>, name: Option<String>) -> bool {
+    let (Some(store), Some(name)) = (store, name) else {
+        return false;
+    };
+    let key = StateSetup::named_key(&name);
+    tokio::task::spawn_blocking(move || store.list(&key).is_ok_and(|list| !list.is_empty()))
+        .await
+        .unwrap_or(false)
 }
 
 /// A prefix that keeps session ids of different engine runs apart.
@@ -230,20 +239,9 @@ impl Handler<CreateSession> for Supervisor {
             spec: spec.clone(),
             slot: Slot::New,
         });
-        let store = self.config.state.as_ref().map(|state| state.store.clone());
-        let key = options
-            .name
-            .as_deref()
-            .map(|name| state_key(Some(name), ""));
+        let on_disk = left_on_disk(self.store(), options.name.clone());
         let looked_up = async move {
-            let on_disk = match (store, key) {
-                (Some(store), Some(key)) => tokio::task::spawn_blocking(move || {
-                    store.list(&key).is_ok_and(|list| !list.is_empty())
-                })
-                .await
-                .unwrap_or(false),
-                _ => false,
-            };
+            let on_disk = on_disk.await;
             (acquire.await, on_disk)
         };
         Box::pin(
@@ -278,18 +276,10 @@ impl Handler<FindSession> for Supervisor {
         let unknown = SupervisorError::UnknownSession {
             session: msg.session.clone(),
         };
-        let Some(store) = self.config.state.as_ref().map(|state| state.store.clone()) else {
-            return Box::pin(async move { Err(unknown) });
-        };
+        let on_disk = left_on_disk(self.store(), Some(msg.session.clone()));
         let supervisor = ctx.address();
         Box::pin(async move {
-            let key = state_key(Some(&msg.session), "");
-            let on_disk = tokio::task::spawn_blocking(move || {
-                store.list(&key).is_ok_and(|list| !list.is_empty())
-            })
-            .await
-            .unwrap_or(false);
-            if !on_disk {
+            if !on_disk.await {
                 return Err(unknown);
             }
             let options = SessionOptions {

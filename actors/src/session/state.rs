@@ -35,7 +35,7 @@ pub(super) const INSPECT_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct StateSetup {
     pub store: CheckpointStore,
-    /// The session's key in the store: `name:<name>` for a named session, `id:<id>` else.
+    /// The session's key in the store, from [`StateSetup::key_for`].
     pub key: String,
     pub policy: AutoCheckpoint,
     /// Directory for payload files on their way between the worker and the store.
@@ -44,6 +44,30 @@ pub struct StateSetup {
     /// earlier engine left on disk).
     pub restore_on_start: bool,
 }
+
+impl StateSetup {
+    /// The store key of a session: its name when it has one (a later engine finds its
+    /// checkpoints by that name), else its id, which no later engine knows.
+    pub fn key_for(name: Option<&str>, session_id: &str) -> String {
+        match name {
+            Some(name) => Self::named_key(name),
+            None => format!("id:{session_id}"),
+        }
+    }
+
+    /// The store key of the session named `name`.
+    pub fn named_key(name: &str) -> String {
+        format!("{NAMED_KEY_PREFIX}{name}")
+    }
+
+    /// Whether the session is named, so that its checkpoints may outlive it.
+    pub fn named(&self) -> bool {
+        self.key.starts_with(NAMED_KEY_PREFIX)
+    }
+}
+
+/// Prefix of the store keys of named sessions.
+const NAMED_KEY_PREFIX: &str = "name:";
 
 /// When a session checkpoints by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
