@@ -8,17 +8,16 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pyvisor::{Engine, EngineConfig, PoolConfig};
+use pyvisor_actors::worker::resolve_interpreter;
 
-/// p50 and p99 of `samples`, in microseconds.
-fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
-    samples.sort();
-    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
-    (at(0.50), at(0.99))
-}
+mod common;
+
+use common::{quantile, sorted};
 
 fn report(name: &str, samples: Vec<Duration>) -> f64 {
-    let n = samples.len();
-    let (p50, p99) = percentiles(samples);
+    let samples = sorted(samples);
+    let micros = |q| quantile(&samples, q).as_secs_f64() * 1e6;
+    let (n, p50, p99) = (samples.len(), micros(0.50), micros(0.99));
     println!("{name:<52} p50 {p50:>10.1} µs   p99 {p99:>10.1} µs   (n = {n})");
     p50
 }
@@ -32,18 +31,10 @@ async fn engine(pool: PoolConfig) -> Engine {
     .expect("engine starts")
 }
 
-/// The real interpreter behind `python3` (which may be a shim script), as the engine uses.
-fn real_python() -> String {
-    let out = Command::new("python3")
-        .args(["-I", "-c", "import sys; sys.stdout.write(sys.executable)"])
-        .output()
-        .expect("python3 runs");
-    String::from_utf8(out.stdout).expect("utf-8 path")
-}
-
 /// A bare interpreter started the way pyvisor starts one, until it has printed a line.
 fn bare_python_starts(n: usize) -> Vec<Duration> {
-    let python = real_python();
+    // The real interpreter behind `python3` (which may be a shim script), as the engine uses.
+    let python = resolve_interpreter("python3").expect("python3 runs");
     (0..n)
         .map(|_| {
             let start = Instant::now();

@@ -7,6 +7,7 @@
 //! run).
 
 use std::io::{Read, Write};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -14,6 +15,11 @@ use futures::StreamExt;
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 use pyvisor::{Engine, EngineConfig, ExecuteRequest, ExecutionEvent, PoolConfig, Session};
+use pyvisor_actors::worker::resolve_interpreter;
+
+mod common;
+
+use common::{quantile, sorted};
 
 /// The floor: read a frame, `exec(compile(code))`, reply. Nothing else.
 const FLOOR_LOOP: &str = r#"
@@ -56,15 +62,10 @@ fn pin(pid: u32, cpu: usize) {
     sched_setaffinity(Pid::from_raw(pid as i32), &set).expect("pin to cpu");
 }
 
-/// p50 and p99 of `samples`, in microseconds.
-fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
-    samples.sort();
-    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
-    (at(0.50), at(0.99))
-}
-
 fn report(name: &str, placement: Placement, samples: Vec<Duration>) -> f64 {
-    let (p50, p99) = percentiles(samples);
+    let samples = sorted(samples);
+    let micros = |q| quantile(&samples, q).as_secs_f64() * 1e6;
+    let (p50, p99) = (micros(0.50), micros(0.99));
     println!(
         "{name:<44} {:<10} p50 {p50:>9.1} µs   p99 {p99:>9.1} µs",
         placement.name()
@@ -72,15 +73,7 @@ fn report(name: &str, placement: Placement, samples: Vec<Duration>) -> f64 {
     p50
 }
 
-fn real_python() -> String {
-    let out = Command::new("python3")
-        .args(["-I", "-c", "import sys; sys.stdout.write(sys.executable)"])
-        .output()
-        .expect("python3 runs");
-    String::from_utf8(out.stdout).expect("utf-8 path")
-}
-
-fn floor_round_trips(python: &str, placement: Placement, n: usize) -> Vec<Duration> {
+fn floor_round_trips(python: &Path, placement: Placement, n: usize) -> Vec<Duration> {
     let mut child = Command::new(python)
         .args(["-I", "-u", "-c", FLOOR_LOOP])
         .stdin(Stdio::piped())
@@ -212,7 +205,8 @@ async fn main() {
     let n = if quick { 500 } else { 5000 };
     // The host (this thread and every engine thread created after this) runs on CPU 0.
     pin(0, 0);
-    let python = real_python();
+    // The real interpreter behind `python3` (which may be a shim script), as the engine uses.
+    let python = resolve_interpreter("python3").expect("python3 runs");
     // No ready workers in the background: only the measured session's worker runs.
     let engine = Engine::start(EngineConfig {
         pool: PoolConfig {

@@ -17,6 +17,10 @@ use pyvisor::{
     StateConfig,
 };
 
+mod common;
+
+use common::{quantile, sorted};
+
 /// ~1 MB once pickled: a list of dicts of ints, floats and strs, and a 200 KB string.
 const MIXED_NAMESPACE: &str = r#"
 import random as _random, string as _string
@@ -53,14 +57,13 @@ struct Stats {
 }
 
 fn stats(samples: &[Duration]) -> Stats {
-    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-    ms.sort_by(f64::total_cmp);
-    let at = |q: f64| ms[((ms.len() - 1) as f64 * q) as usize];
+    let samples = sorted(samples.to_vec());
+    let millis = |q| quantile(&samples, q).as_secs_f64() * 1e3;
     Stats {
-        p50: at(0.50),
-        p99: at(0.99),
-        max: ms[ms.len() - 1],
-        n: ms.len(),
+        p50: millis(0.50),
+        p99: millis(0.99),
+        max: millis(1.0),
+        n: samples.len(),
     }
 }
 
