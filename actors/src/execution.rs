@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use pyvisor_protocol::{ErrorInfo, ResultValue, Transaction};
 
@@ -72,7 +72,7 @@ impl From<String> for ExecuteRequest {
 }
 
 /// Which of the worker's output streams a chunk came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputStream {
     Stdout,
@@ -80,7 +80,7 @@ pub enum OutputStream {
 }
 
 /// Rich output: one MIME bundle entry (`data` is base64 for binary types).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DisplayData {
     pub mime: String,
     pub data: String,
@@ -100,7 +100,7 @@ pub enum ExecutionEvent {
 }
 
 /// How an execution ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecutionStatus {
     Ok,
@@ -124,7 +124,7 @@ impl ExecutionStatus {
 }
 
 /// The outcome of one execution (the `session.execute` result of SPEC.md §2).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionResult {
     pub execution_id: String,
     pub execution_count: u64,
@@ -140,7 +140,7 @@ pub struct ExecutionResult {
 }
 
 /// What a session got back after its worker died (SPEC.md §2 `recovered`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recovered {
     /// The checkpoint the namespace was restored from.
     pub checkpoint_id: String,

@@ -30,7 +30,7 @@ mod messages;
 mod registry;
 
 pub use messages::{
-    CreateSession, FindSession, GetStats, ListSessions, SessionHandle, SessionOptions,
+    CreateSession, FindSession, GetStats, Interpreter, ListSessions, SessionHandle, SessionOptions,
     StateOptions, StopAll, SupervisorConfig, SupervisorStats,
 };
 use registry::Registry;
@@ -82,10 +82,26 @@ impl Supervisor {
         let limits = options.limits.as_ref().unwrap_or(&self.config.limits);
         let process = ProcessLimits::from(limits);
         let base = &self.config.worker;
-        if options.cwd.is_none() && options.env.is_empty() && process == base.limits {
+        let other_python = options
+            .python
+            .as_ref()
+            .filter(|interpreter| interpreter.python != base.python);
+        if other_python.is_none()
+            && options.cwd.is_none()
+            && options.env.is_empty()
+            && process == base.limits
+        {
             return None;
         }
         let mut spec = base.clone();
+        if let Some(interpreter) = other_python {
+            // The zygote forks the engine's interpreter only, and the preload list is meant
+            // for it.
+            spec.python = interpreter.python.clone();
+            spec.script = interpreter.script.clone();
+            spec.zygote = None;
+            spec.preload.clear();
+        }
         spec.cwd = options.cwd.clone().or(spec.cwd);
         spec.env.extend(options.env.iter().cloned());
         spec.limits = process;

@@ -6,7 +6,7 @@
 //! dropped, the thread ends every worker, stops the system, and is joined.
 
 use std::num::NonZeroUsize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::Duration;
@@ -18,8 +18,8 @@ use pyvisor_actors::checkpoint::{
 use pyvisor_actors::metrics::EngineCounters;
 use pyvisor_actors::pool::{PoolConfig, PoolStats, Resize};
 use pyvisor_actors::supervisor::{
-    CreateSession, FindSession, GetStats, ListSessions, SessionOptions, StateOptions, StopAll,
-    Supervisor, SupervisorConfig,
+    CreateSession, FindSession, GetStats, Interpreter, ListSessions, SessionOptions, StateOptions,
+    StopAll, Supervisor, SupervisorConfig,
 };
 use pyvisor_actors::worker::{
     compile_worker_script, install_worker_script, resolve_interpreter, CgroupManager,
@@ -55,6 +55,8 @@ pub struct EngineStats {
 
 struct EngineInner {
     supervisor: Addr<Supervisor>,
+    /// The installed worker script (source), for interpreters other than the engine's.
+    worker_script: PathBuf,
     counters: Arc<EngineCounters>,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -74,9 +76,10 @@ impl Engine {
             .map_err(|e| EngineError::Start(format!("spawn the engine thread: {e}")))?;
         let thread_id = thread.thread().id();
         match ready_rx.await {
-            Ok(Ok(supervisor)) => Ok(Engine {
+            Ok(Ok((supervisor, worker_script))) => Ok(Engine {
                 inner: Arc::new(EngineInner {
                     supervisor,
+                    worker_script,
                     counters,
                     shutdown: Mutex::new(Some(shutdown_tx)),
                     thread: Mutex::new(Some(thread)),
@@ -149,6 +152,20 @@ impl Engine {
         })
     }
 
+    /// Resolves `python` (a name on `PATH` or a path) to an interpreter a session can run
+    /// on through [`SessionOptions::python`], with the worker script compiled for it.
+    pub async fn interpreter(&self, python: &str) -> Result<Interpreter, EngineError> {
+        let python = python.to_owned();
+        let source = self.inner.worker_script.clone();
+        tokio::task::spawn_blocking(move || {
+            let python = resolve_interpreter(&python)?;
+            let script = compile_worker_script(&python, &source);
+            Ok(Interpreter { python, script })
+        })
+        .await
+        .map_err(|err| EngineError::Start(format!("resolve the interpreter: {err}")))?
+    }
+
     /// Applies new pool sizes to the running pool; sessions are not touched.
     pub async fn resize_pool(&self, config: PoolConfig) -> Result<(), EngineError> {
         Ok(self.inner.supervisor.send(Resize(config)).await?)
@@ -170,11 +187,11 @@ impl Engine {
 fn run_system(
     config: EngineConfig,
     counters: Arc<EngineCounters>,
-    ready: oneshot::Sender<Result<Addr<Supervisor>, EngineError>>,
+    ready: oneshot::Sender<Result<(Addr<Supervisor>, PathBuf), EngineError>>,
     shutdown: oneshot::Receiver<()>,
 ) {
     // The scratch directory lives as long as this thread, so it outlives every worker.
-    let (supervisor_config, _scratch) = match supervisor_config(&config, counters) {
+    let (supervisor_config, worker_script, _scratch) = match supervisor_config(&config, counters) {
         Ok(c) => c,
         Err(err) => {
             let _ = ready.send(Err(err));
@@ -184,7 +201,7 @@ fn run_system(
     let system = System::new();
     system.block_on(async move {
         let supervisor = Supervisor::new(supervisor_config).start();
-        if ready.send(Ok(supervisor.clone())).is_err() {
+        if ready.send(Ok((supervisor.clone(), worker_script))).is_err() {
             return;
         }
         // Both an explicit shutdown and a dropped sender mean: stop.
@@ -204,9 +221,10 @@ fn run_system(
 fn supervisor_config(
     config: &EngineConfig,
     counters: Arc<EngineCounters>,
-) -> Result<(SupervisorConfig, Option<Scratch>), EngineError> {
+) -> Result<(SupervisorConfig, PathBuf, Option<Scratch>), EngineError> {
     let python = resolve_interpreter(&config.python)?;
-    let script = compile_worker_script(&python, &install_worker_script(&config.cache_dir())?);
+    let source = install_worker_script(&config.cache_dir())?;
+    let script = compile_worker_script(&python, &source);
     let janitor = Arc::new(Janitor::start(&python)?);
     let zygote = start_zygote(config, &python, &script, &janitor);
     let (state, scratch) = open_state(&config.state)?.unzip();
@@ -236,7 +254,7 @@ fn supervisor_config(
         counters,
         state,
     };
-    Ok((supervisor, scratch))
+    Ok((supervisor, source, scratch))
 }
 
 /// Opens the checkpoint store and this engine's scratch directory (blocking).

@@ -19,6 +19,7 @@
 pub mod config;
 mod engine;
 pub mod errors;
+pub mod rpc;
 mod scratch;
 mod session;
 
@@ -30,7 +31,7 @@ pub use pyvisor_actors::pool::{PoolConfig, PoolStats};
 pub use pyvisor_actors::session::{
     AutoCheckpoint, CheckpointSummary, Inspection, RestoreSummary, SessionPhase, SessionSnapshot,
 };
-pub use pyvisor_actors::supervisor::SessionOptions;
+pub use pyvisor_actors::supervisor::{Interpreter, SessionOptions};
 pub use pyvisor_actors::{
     DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
     OutputStream, PoolError, Recovered, ResultValue, SessionError, SessionLimits, SupervisorError,

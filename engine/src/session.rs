@@ -96,15 +96,21 @@ impl Session {
         })
     }
 
-    /// Runs `code` to completion (no input forwarding: `input()` raises `EOFError`).
+    /// Runs `request` (or code) to completion, without input forwarding: `input()` raises
+    /// `EOFError`.
     ///
     /// Unlike [`Self::execute`] it does not wait for the session to accept the request
     /// before waiting for the result: a refusal arrives on the same channel as the result,
     /// which saves a round trip to the actor thread on the hot path.
-    pub async fn run(&self, code: impl Into<String>) -> Result<ExecutionResult, EngineError> {
+    pub async fn run(
+        &self,
+        request: impl Into<ExecuteRequest>,
+    ) -> Result<ExecutionResult, EngineError> {
+        let mut request = request.into();
+        request.input = false;
         let (events_tx, mut events) = mpsc::unbounded_channel();
         self.handle.addr.do_send(Execute {
-            request: ExecuteRequest::new(code),
+            request,
             events: events_tx,
         });
         while let Some(event) = events.recv().await {

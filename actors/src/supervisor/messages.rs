@@ -47,12 +47,23 @@ pub struct SessionOptions {
     pub name: Option<String>,
     /// Who the session belongs to; a caller that states an owner reaches only its own.
     pub owner: Option<String>,
+    /// Interpreter of the worker; the engine's when `None`.
+    pub python: Option<Interpreter>,
     /// Working directory of the worker.
     pub cwd: Option<PathBuf>,
     /// Extra environment variables of the worker.
     pub env: Vec<(String, String)>,
     /// Limits replacing the engine defaults.
     pub limits: Option<SessionLimits>,
+}
+
+/// A Python interpreter other than the engine's, with the worker script it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interpreter {
+    /// The resolved interpreter binary.
+    pub python: PathBuf,
+    /// The worker script (or its bytecode compiled for this interpreter).
+    pub script: PathBuf,
 }
 
 /// Create a session (or attach to the one of that name) with a worker from the pool.

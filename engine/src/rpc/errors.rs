@@ -1,0 +1,190 @@
+//! JSON-RPC error objects, and the one place where every engine error gets its code
+//! (SPEC.md §2).
+
+use pyvisor_actors::checkpoint::CheckpointError;
+use pyvisor_actors::{PoolError, SessionError, SupervisorError};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::errors::EngineError;
+
+/// The error codes of SPEC.md §2.
+pub mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// An engine failure with no more specific code (a worker that would not start).
+    pub const ENGINE_ERROR: i64 = -32000;
+    pub const UNKNOWN_SESSION: i64 = -32001;
+    pub const POOL_EXHAUSTED: i64 = -32002;
+    pub const SESSION_BUSY: i64 = -32003;
+    pub const CHECKPOINT_NOT_FOUND: i64 = -32004;
+    pub const LIMIT_EXCEEDED: i64 = -32005;
+    pub const SHUTTING_DOWN: i64 = -32006;
+    pub const UNAUTHORIZED: i64 = -32007;
+}
+
+/// A JSON-RPC error object: what the server sends and what [`crate::client`] returns.
+#[derive(Debug, Clone, PartialEq, Error, Serialize, Deserialize)]
+#[error("{message} (code {code})")]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    /// An error with `code` and `message` and no data.
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    pub fn parse_error(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::PARSE_ERROR, format!("parse error: {detail}"))
+    }
+
+    pub fn invalid_request(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::INVALID_REQUEST, format!("invalid request: {detail}"))
+    }
+
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(
+            code::METHOD_NOT_FOUND,
+            format!("method not found: {method:?}"),
+        )
+    }
+
+    /// Invalid params; `detail` names the field (serde's messages do).
+    pub fn invalid_params(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::INVALID_PARAMS, format!("invalid params: {detail}"))
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(
+            code::UNAUTHORIZED,
+            "unauthorized: a valid bearer token is required",
+        )
+    }
+}
+
+impl From<&EngineError> for RpcError {
+    fn from(err: &EngineError) -> Self {
+        let code = match err {
+            EngineError::Session(err) => session_code(err),
+            EngineError::Supervisor(err) => supervisor_code(err),
+            EngineError::Spawn(_) | EngineError::Start(_) => code::ENGINE_ERROR,
+            EngineError::Stopped => code::SHUTTING_DOWN,
+        };
+        RpcError::new(code, err.to_string())
+    }
+}
+
+impl From<EngineError> for RpcError {
+    fn from(err: EngineError) -> Self {
+        RpcError::from(&err)
+    }
+}
+
+fn session_code(err: &SessionError) -> i64 {
+    match err {
+        SessionError::Busy { .. } | SessionError::QueueFull { .. } => code::SESSION_BUSY,
+        SessionError::Closed { .. } => code::UNKNOWN_SESSION,
+        SessionError::NoPendingInput { .. } => code::INVALID_PARAMS,
+        SessionError::TooLarge { .. } => code::LIMIT_EXCEEDED,
+        SessionError::ShuttingDown { .. } => code::SHUTTING_DOWN,
+        SessionError::CheckpointsOff { .. } => code::CHECKPOINT_NOT_FOUND,
+        SessionError::Checkpoint { source, .. } => match source.as_ref() {
+            CheckpointError::TooLarge { .. } | CheckpointError::MetadataTooLarge { .. } => {
+                code::LIMIT_EXCEEDED
+            }
+            CheckpointError::NotFound { .. }
+            | CheckpointError::UnknownCheckpoint { .. }
+            | CheckpointError::Corrupt { .. }
+            | CheckpointError::InvalidId { .. } => code::CHECKPOINT_NOT_FOUND,
+            _ => code::ENGINE_ERROR,
+        },
+        SessionError::NoWorker { .. } | SessionError::WorkerState { .. } => code::ENGINE_ERROR,
+        _ => code::ENGINE_ERROR,
+    }
+}
+
+fn supervisor_code(err: &SupervisorError) -> i64 {
+    match err {
+        SupervisorError::Pool(PoolError::Exhausted { .. }) => code::POOL_EXHAUSTED,
+        SupervisorError::Pool(PoolError::ShuttingDown) | SupervisorError::ShuttingDown => {
+            code::SHUTTING_DOWN
+        }
+        SupervisorError::Pool(_) => code::ENGINE_ERROR,
+        SupervisorError::UnknownSession { .. } => code::UNKNOWN_SESSION,
+        SupervisorError::NameTaken { .. } => code::UNAUTHORIZED,
+        _ => code::ENGINE_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn engine_errors_map_to_the_codes_of_the_spec() {
+        let cases: Vec<(EngineError, i64)> = vec![
+            (
+                SupervisorError::UnknownSession {
+                    session: "s-1".into(),
+                }
+                .into(),
+                code::UNKNOWN_SESSION,
+            ),
+            (
+                SupervisorError::Pool(PoolError::Exhausted {
+                    waited: Duration::from_secs(5),
+                    max_total: 2,
+                })
+                .into(),
+                code::POOL_EXHAUSTED,
+            ),
+            (
+                SessionError::Busy {
+                    session_id: "s-1".into(),
+                }
+                .into(),
+                code::SESSION_BUSY,
+            ),
+            (
+                SessionError::TooLarge {
+                    bytes: 10,
+                    limit: 1,
+                }
+                .into(),
+                code::LIMIT_EXCEEDED,
+            ),
+            (SupervisorError::ShuttingDown.into(), code::SHUTTING_DOWN),
+            (
+                SessionError::CheckpointsOff {
+                    session_id: "s-1".into(),
+                }
+                .into(),
+                code::CHECKPOINT_NOT_FOUND,
+            ),
+            (
+                SupervisorError::NameTaken { name: "n".into() }.into(),
+                code::UNAUTHORIZED,
+            ),
+        ];
+        for (err, expected) in cases {
+            let rpc = RpcError::from(&err);
+            assert_eq!(rpc.code, expected, "{err}");
+            assert_eq!(rpc.message, err.to_string());
+        }
+    }
+}

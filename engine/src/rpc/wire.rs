@@ -1,0 +1,302 @@
+//! The JSON shapes of SPEC.md §2: the params and results of every method and the streamed
+//! notifications. The server decodes params and encodes results with these types, and
+//! [`crate::client`] does the reverse, so both ends agree by construction.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+pub use pyvisor_actors::{DisplayData, ExecutionResult, OutputStream, Transaction};
+pub use pyvisor_protocol::LostName;
+
+/// `session.create` params.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Interpreter of this session's worker; the engine's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitParams>,
+}
+
+/// Per-session limits of `session.create`; absent ones keep the engine's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_files: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<usize>,
+}
+
+/// `session.create` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Created {
+    pub session_id: String,
+    pub pid: Option<u32>,
+    pub python_version: Option<String>,
+    /// Whether the session's worker came from the pre-warmed pool.
+    pub warm: bool,
+    /// Whether `name` was taken and this is that existing session.
+    #[serde(default)]
+    pub attached: bool,
+    /// Whether the session came back from checkpoints an earlier daemon left on disk.
+    #[serde(default)]
+    pub restored: bool,
+}
+
+/// `session.execute` params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteParams {
+    pub session_id: String,
+    pub code: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    /// Send `session.output`/`session.input_request`/`session.display` notifications
+    /// before the response, and forward `input()` to the client.
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transaction: Option<Transaction>,
+    /// Wait behind a running execution (default) or fail with "session busy".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<bool>,
+}
+
+impl ExecuteParams {
+    /// Params that run `code` in `session_id` with every option at its default.
+    pub fn new(session_id: impl Into<String>, code: impl Into<String>) -> Self {
+        Self {
+            session_id: session_id.into(),
+            code: code.into(),
+            timeout_s: None,
+            stream: false,
+            transaction: None,
+            queue: None,
+        }
+    }
+}
+
+/// Params of the methods that only name a session (`session.interrupt`, `.checkpoint`,
+/// `.checkpoints`, `.info`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRef {
+    pub session_id: String,
+}
+
+/// `session.input` params: the answer to a pending `input()`; `null` raises `EOFError`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputParams {
+    pub session_id: String,
+    pub execution_id: String,
+    pub value: Option<String>,
+}
+
+/// `session.interrupt` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Interrupted {
+    /// False when nothing was running.
+    pub interrupted: bool,
+}
+
+/// `session.checkpoint` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointTaken {
+    pub checkpoint_id: String,
+    pub bytes: u64,
+    pub saved: Vec<String>,
+    pub lost: Vec<LostName>,
+    pub duration_ms: f64,
+}
+
+/// `session.restore` params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreParams {
+    pub session_id: String,
+    /// The latest checkpoint when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_id: Option<String>,
+}
+
+/// `session.restore` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Restored {
+    pub checkpoint_id: String,
+    pub restored: Vec<String>,
+    pub lost: Vec<LostName>,
+}
+
+/// One entry of `session.checkpoints`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointEntry {
+    pub checkpoint_id: String,
+    /// Seconds since the Unix epoch.
+    pub created_at: f64,
+    /// Size of the checkpoint file.
+    pub bytes: u64,
+    /// Execution count of the session when it was taken.
+    pub execution_count: u64,
+    pub saved: Vec<String>,
+    pub lost: Vec<LostName>,
+}
+
+/// `session.info` result, and each entry of `session.list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub session_id: String,
+    pub name: Option<String>,
+    pub owner: Option<String>,
+    pub pid: Option<u32>,
+    /// `idle`, `busy` or `restarting`.
+    pub state: String,
+    pub execution_count: u64,
+    pub variables: Vec<VariableInfo>,
+    pub rss_bytes: Option<u64>,
+    /// Seconds since the Unix epoch.
+    pub created_at: f64,
+    pub last_checkpoint: Option<String>,
+}
+
+/// One name of a session's namespace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VariableInfo {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub type_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+}
+
+/// `session.list` params.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+/// `session.close` params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloseParams {
+    pub session_id: String,
+    /// Take a last checkpoint and keep the session's checkpoints on disk (a named session
+    /// then comes back on its next use); otherwise they are deleted.
+    #[serde(default)]
+    pub checkpoint: bool,
+}
+
+/// The empty result `{}` of `session.input` and `session.close`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Empty {}
+
+/// `engine.stats` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub pool: PoolFigures,
+    pub sessions: usize,
+    pub executions: u64,
+    pub crashes: u64,
+    pub restores: u64,
+}
+
+/// The pool part of `engine.stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolFigures {
+    pub idle: usize,
+    pub active: usize,
+    pub warming: usize,
+    pub max_total: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_rate: f64,
+    pub spawn_ms_p50: Option<f64>,
+}
+
+/// `engine.health` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Health {
+    /// `ok` while serving, `stopping` once a graceful stop has begun.
+    pub status: String,
+    pub version: String,
+    pub uptime_s: f64,
+}
+
+/// `session.output` notification.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputNote {
+    pub session_id: String,
+    pub execution_id: String,
+    pub stream: OutputStream,
+    pub data: String,
+}
+
+/// `session.input_request` notification.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputRequestNote {
+    pub session_id: String,
+    pub execution_id: String,
+    pub prompt: String,
+    pub password: bool,
+}
+
+/// `session.display` notification.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DisplayNote {
+    pub session_id: String,
+    pub execution_id: String,
+    pub mime: String,
+    pub data: String,
+}
+
+/// Method names, as SPEC.md §2 spells them.
+pub mod method {
+    pub const CREATE: &str = "session.create";
+    pub const EXECUTE: &str = "session.execute";
+    pub const INPUT: &str = "session.input";
+    pub const INTERRUPT: &str = "session.interrupt";
+    pub const CHECKPOINT: &str = "session.checkpoint";
+    pub const RESTORE: &str = "session.restore";
+    pub const CHECKPOINTS: &str = "session.checkpoints";
+    pub const INFO: &str = "session.info";
+    pub const LIST: &str = "session.list";
+    pub const CLOSE: &str = "session.close";
+    pub const STATS: &str = "engine.stats";
+    pub const HEALTH: &str = "engine.health";
+}
+
+/// Notification names, as SPEC.md §2 spells them.
+pub mod notification {
+    pub const OUTPUT: &str = "session.output";
+    pub const INPUT_REQUEST: &str = "session.input_request";
+    pub const DISPLAY: &str = "session.display";
+}
+
+/// Seconds since the Unix epoch, for `created_at` fields.
+pub fn unix_seconds(at: SystemTime) -> f64 {
+    at.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
