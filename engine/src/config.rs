@@ -1,4 +1,7 @@
-//! Settings of an embedded engine, with the defaults of SPEC.md §1.
+//! Settings of an embedded engine, with the defaults of SPEC.md §1; the daemon's TOML
+//! configuration, which maps onto them, is in [`file`].
+
+mod file;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,6 +11,11 @@ use pyvisor_actors::pool::PoolConfig;
 use pyvisor_actors::session::AutoCheckpoint;
 use pyvisor_actors::SessionLimits;
 use pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES;
+
+pub use file::{
+    EngineSettings, LimitSettings, LoadContext, Loaded, Origin, PoolSettings, ServerSettings,
+    Settings, StateSettings,
+};
 
 /// How an [`crate::Engine`] runs its workers.
 #[derive(Debug, Clone)]

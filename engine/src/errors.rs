@@ -1,7 +1,11 @@
 //! Errors of the embedding API, and their mapping to `pyvisor exec` exit codes.
 
+use std::path::PathBuf;
+
 use pyvisor_actors::{SessionError, SpawnError, SupervisorError};
 use thiserror::Error;
+
+use crate::config::Origin;
 
 /// Why an engine call failed.
 #[derive(Debug, Error)]
@@ -28,4 +32,36 @@ impl From<actix::MailboxError> for EngineError {
     fn from(_: actix::MailboxError) -> Self {
         EngineError::Stopped
     }
+}
+
+/// Why the configuration could not be loaded; every variant names the file or variable.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file named by `--config` or `$PYVISOR_CONFIG` does not exist.
+    #[error("read {}: no such file (named by {named_by})", path.display())]
+    Missing {
+        path: PathBuf,
+        named_by: &'static str,
+    },
+    /// A config file exists but could not be read.
+    #[error("read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A config file is not valid TOML.
+    #[error("{}: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    /// A file or a `PYVISOR_<SECTION>__<KEY>` variable names a setting that does not exist.
+    #[error("{origin}: unknown key {key}")]
+    UnknownKey { origin: Origin, key: String },
+    /// A setting has a value of the wrong type or out of range.
+    #[error("{origin}: {key}: {message}")]
+    Invalid {
+        origin: Origin,
+        key: String,
+        message: String,
+    },
 }

@@ -1,9 +1,11 @@
 //! Command-line parsing and dispatch; each command lives in its own module.
 
+mod config;
 mod exec;
 
 use clap::{Parser, Subcommand};
 
+pub use config::ConfigCommand;
 pub use exec::ExecArgs;
 
 /// Exit status for usage and configuration errors (SPEC.md §1).
@@ -21,11 +23,17 @@ pub struct Cli {
 enum Command {
     /// Run Python code and stream its output.
     Exec(ExecArgs),
+    /// Check the configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
 }
 
 /// Runs the parsed command and returns the process exit status.
 pub async fn run(cli: Cli) -> u8 {
     match cli.command {
         Command::Exec(args) => exec::run(args).await,
+        Command::Config { command } => config::run(command),
     }
 }

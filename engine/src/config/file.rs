@@ -1,0 +1,1308 @@
+//! The daemon's configuration file (SPEC.md §1): the TOML sections `[server]`, `[engine]`,
+//! `[pool]`, `[limits]` and `[state]`, where the file is looked for, and the
+//! `PYVISOR_<SECTION>__<KEY>` environment overrides applied on top of it.
+//!
+//! Loading reads the first file of the search order into a `toml::Table`, writes the
+//! environment overrides into that table (each parsed as the type of the key's default), and
+//! deserializes the result once, so a value from a file and one from the environment pass the
+//! same checks. Every error names the key and where its value came from. The resolved helpers
+//! ([`Settings::engine_config`], [`Settings::socket_path`], …) turn the plain values into
+//! what the engine and the server use.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pyvisor_actors::checkpoint::{DEFAULT_MAX_BYTES, DEFAULT_RETENTION};
+use pyvisor_actors::pool::PoolConfig;
+use pyvisor_actors::session::AutoCheckpoint;
+use pyvisor_actors::SessionLimits;
+use serde::{Deserialize, Serialize};
+use toml::{Table, Value};
+
+use super::{EngineConfig, StateConfig};
+use crate::errors::ConfigError;
+
+/// The variable that names a config file, second in the search order.
+const CONFIG_VAR: &str = "PYVISOR_CONFIG";
+
+/// Prefix of the override variables; the section and key follow, split by `__`.
+const OVERRIDE_PREFIX: &str = "PYVISOR_";
+
+/// Keys checked against each other: an error names the first, and is blamed on the second's
+/// origin when only the second was set.
+const RELATED_KEYS: &[(&str, &str)] = &[("pool.max_idle", "pool.min_idle")];
+
+/// The longest duration a setting may ask for (ten years): longer ones would overflow
+/// deadlines computed from it.
+const MAX_SECONDS: f64 = 315_360_000.0;
+
+/// The whole daemon configuration, as read from TOML.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub engine: EngineSettings,
+    pub pool: PoolSettings,
+    pub limits: LimitSettings,
+    pub state: StateSettings,
+}
+
+/// `[server]`: how the daemon listens and runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSettings {
+    /// Unix socket path; empty for the default (see [`Settings::socket_path`]).
+    pub socket: PathBuf,
+    /// HTTP listen address such as `127.0.0.1:8787`; empty for no HTTP server.
+    pub http: String,
+    /// Bearer token required on every HTTP request; empty for none.
+    pub token: String,
+    /// Longest JSON-RPC request line accepted.
+    pub max_request_bytes: usize,
+    /// Unix-socket connections held at once; more are refused.
+    pub max_connections: usize,
+    /// How long running executions may finish after SIGTERM, in seconds.
+    pub shutdown_grace_s: f64,
+    /// The daemon's PID file; empty for `pyvisor.pid` beside the socket.
+    pub pid_file: PathBuf,
+    /// Where `pyvisor daemon start` sends the daemon's stderr; empty for `pyvisor.log` beside
+    /// the socket.
+    pub log_file: PathBuf,
+    /// Send `WATCHDOG=1` when systemd sets `WATCHDOG_USEC`.
+    pub watchdog: bool,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::new(),
+            http: String::new(),
+            token: String::new(),
+            max_request_bytes: 16 * 1024 * 1024,
+            max_connections: 1024,
+            shutdown_grace_s: 30.0,
+            pid_file: PathBuf::new(),
+            log_file: PathBuf::new(),
+            watchdog: true,
+        }
+    }
+}
+
+/// `[engine]`: how workers are started (see [`EngineConfig`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSettings {
+    /// Python interpreter of the workers: a name on `PATH` or a path.
+    pub python: String,
+    /// Modules every worker imports before it counts as ready.
+    pub preload: Vec<String>,
+    /// Fork workers from a zygote that has `preload` imported.
+    pub zygote: bool,
+    /// Threads that host session actors; 0 for min(cores, 4).
+    pub arbiters: usize,
+    /// Contain each worker in a cgroup leaf when the host allows it.
+    pub use_cgroups: bool,
+    /// Where the worker script is installed; empty for `$XDG_CACHE_HOME/pyvisor`.
+    pub cache_dir: PathBuf,
+    /// How long a new worker may take to become ready, in seconds.
+    pub handshake_timeout_s: f64,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        let engine = EngineConfig::default();
+        Self {
+            python: engine.python,
+            preload: engine.preload,
+            zygote: engine.zygote,
+            arbiters: 0,
+            use_cgroups: engine.use_cgroups,
+            cache_dir: PathBuf::new(),
+            handshake_timeout_s: engine.handshake_timeout.as_secs_f64(),
+        }
+    }
+}
+
+/// `[pool]`: the ready workers (see [`PoolConfig`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolSettings {
+    /// Ready workers kept waiting for a session.
+    pub min_idle: usize,
+    /// Most ready workers kept.
+    pub max_idle: usize,
+    /// Most worker processes at once: idle, starting and in use.
+    pub max_total: usize,
+    /// Idle workers older than this many seconds are ended, down to `min_idle`.
+    pub idle_ttl_s: f64,
+    /// How long a create waits for room under `max_total`, in seconds.
+    pub acquire_timeout_s: f64,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        let pool = PoolConfig::default();
+        Self {
+            min_idle: pool.min_idle,
+            max_idle: pool.max_idle,
+            max_total: pool.max_total,
+            idle_ttl_s: pool.idle_ttl.as_secs_f64(),
+            acquire_timeout_s: pool.acquire_timeout.as_secs_f64(),
+        }
+    }
+}
+
+/// `[limits]`: the default limits of every session (see [`SessionLimits`]); 0 means none for
+/// `memory_mb`, `cpu_s`, `open_files` and `processes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitSettings {
+    /// Memory of the worker and its children, in MiB.
+    pub memory_mb: u64,
+    /// Wall-clock limit of one execution, in seconds.
+    pub timeout_s: f64,
+    /// CPU seconds over the worker's lifetime.
+    pub cpu_s: u64,
+    /// Open file descriptors of the worker.
+    pub open_files: u64,
+    /// Processes and threads of the session.
+    pub processes: u64,
+    /// Bytes of stdout+stderr kept per execution.
+    pub output_bytes: usize,
+    /// Longest repr of a final expression returned.
+    pub result_repr_bytes: usize,
+    /// How long `input()` waits for an answer, in seconds.
+    pub input_timeout_s: f64,
+    /// How long interrupted code may take to stop before the worker is killed, in seconds.
+    pub interrupt_grace_s: f64,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        let limits = SessionLimits::default();
+        Self {
+            memory_mb: limits.memory_mb.unwrap_or(0),
+            timeout_s: limits.timeout.as_secs_f64(),
+            cpu_s: limits.cpu_s.unwrap_or(0),
+            open_files: limits.open_files.unwrap_or(0),
+            processes: limits.processes.unwrap_or(0),
+            output_bytes: limits.output_bytes,
+            result_repr_bytes: limits.result_repr_bytes,
+            input_timeout_s: limits.input_timeout.as_secs_f64(),
+            interrupt_grace_s: limits.interrupt_grace.as_secs_f64(),
+        }
+    }
+}
+
+/// `[state]`: checkpoints (see [`StateConfig`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StateSettings {
+    /// Keep checkpoints at all.
+    pub enabled: bool,
+    /// The state directory; empty for `$XDG_STATE_HOME/pyvisor`, else
+    /// `~/.local/state/pyvisor`.
+    pub dir: PathBuf,
+    /// Checkpoints kept per session.
+    pub retention: usize,
+    /// Largest checkpoint payload, in bytes.
+    pub max_bytes: usize,
+    /// Checkpoint after this many executions that may have changed the namespace; 0 for no
+    /// automatic checkpoints.
+    pub auto_after_changes: u32,
+    /// At most one automatic checkpoint per this many seconds.
+    pub auto_min_interval_s: f64,
+}
+
+impl Default for StateSettings {
+    fn default() -> Self {
+        let auto = AutoCheckpoint::default();
+        Self {
+            enabled: true,
+            dir: PathBuf::new(),
+            retention: DEFAULT_RETENTION.get(),
+            max_bytes: DEFAULT_MAX_BYTES,
+            auto_after_changes: auto.after_changes,
+            auto_min_interval_s: auto.min_interval.as_secs_f64(),
+        }
+    }
+}
+
+/// Settings as loaded, with where they came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    pub settings: Settings,
+    /// The file read; `None` when no file was found and the built-in defaults apply.
+    pub source: Option<PathBuf>,
+    /// The `PYVISOR_<SECTION>__<KEY>` variables applied on top, in name order.
+    pub overrides: Vec<String>,
+}
+
+/// Where a setting's value came from, as named in errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A config file.
+    File(PathBuf),
+    /// An environment variable.
+    Env(String),
+    /// The built-in default.
+    Default,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File(path) => write!(f, "{}", path.display()),
+            Origin::Env(var) => write!(f, "environment variable {var}"),
+            Origin::Default => f.write_str("built-in default"),
+        }
+    }
+}
+
+/// What loading reads from the process, so that tests can give their own.
+#[derive(Debug, Clone)]
+pub struct LoadContext {
+    /// Environment variables: `PYVISOR_CONFIG`, `XDG_CONFIG_HOME`, `HOME` and the overrides.
+    pub vars: BTreeMap<String, OsString>,
+    /// The directory `./pyvisor.toml` is looked for in, and relative paths start from.
+    pub cwd: PathBuf,
+    /// The system-wide file, last in the search order.
+    pub system_file: PathBuf,
+}
+
+impl LoadContext {
+    /// The process's environment and working directory, and `/etc/pyvisor/config.toml`.
+    pub fn from_process() -> Self {
+        Self {
+            // A variable whose name is not UTF-8 cannot be one of ours.
+            vars: std::env::vars_os()
+                .filter_map(|(name, value)| Some((name.into_string().ok()?, value)))
+                .collect(),
+            cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+            system_file: PathBuf::from("/etc/pyvisor/config.toml"),
+        }
+    }
+
+    /// A variable's value, with an empty one taken as unset.
+    fn var(&self, name: &str) -> Option<&OsStr> {
+        self.vars
+            .get(name)
+            .map(OsString::as_os_str)
+            .filter(|value| !value.is_empty())
+    }
+
+    /// An absolute directory from a variable; XDG says relative ones are to be ignored.
+    fn dir_var(&self, name: &str) -> Option<PathBuf> {
+        self.var(name)
+            .map(PathBuf::from)
+            .filter(|dir| dir.is_absolute())
+    }
+
+    /// `$XDG_CONFIG_HOME/pyvisor/config.toml`, else `~/.config/pyvisor/config.toml`.
+    fn user_file(&self) -> Option<PathBuf> {
+        let base = self
+            .dir_var("XDG_CONFIG_HOME")
+            .or_else(|| self.var("HOME").map(|home| Path::new(home).join(".config")))?;
+        Some(base.join("pyvisor").join("config.toml"))
+    }
+}
+
+impl Settings {
+    /// Loads the settings: `explicit` (`--config`) or the first file of the search order,
+    /// then the environment overrides, all validated.
+    pub fn load(explicit: Option<&Path>) -> Result<Loaded, ConfigError> {
+        Self::load_with(explicit, &LoadContext::from_process())
+    }
+
+    /// [`Settings::load`] against a given environment, working directory and system file.
+    pub fn load_with(explicit: Option<&Path>, ctx: &LoadContext) -> Result<Loaded, ConfigError> {
+        let schema = default_table();
+        let mut origins = BTreeMap::new();
+        let (mut table, source) = match find_file(explicit, ctx)? {
+            Some((path, text)) => {
+                let table = parse_file(&path, &text)?;
+                let origin = Origin::File(path.clone());
+                check_keys(&table, &schema, &origin)?;
+                for (section, keys) in &table {
+                    for key in keys.as_table().into_iter().flat_map(Table::keys) {
+                        origins.insert(format!("{section}.{key}"), origin.clone());
+                    }
+                }
+                (table, Some(path))
+            }
+            None => (Table::new(), None),
+        };
+        let overrides = apply_overrides(&mut table, &schema, ctx, &mut origins)?;
+        let settings = deserialize(table, &origins)?;
+        settings.validate().map_err(|(key, message)| {
+            // A rule between two keys is blamed on the one the user set, if only one was.
+            let related = RELATED_KEYS
+                .iter()
+                .find(|(first, _)| *first == key)
+                .map(|(_, second)| *second);
+            let origin = [Some(key), related]
+                .into_iter()
+                .flatten()
+                .find_map(|key| origins.get(key))
+                .cloned()
+                .unwrap_or(Origin::Default);
+            ConfigError::Invalid {
+                origin,
+                key: key.to_owned(),
+                message,
+            }
+        })?;
+        Ok(Loaded {
+            settings,
+            source,
+            overrides,
+        })
+    }
+
+    /// Checks the ranges that types do not: the key at fault and what is wrong with it.
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let Self {
+            server,
+            engine,
+            pool,
+            limits,
+            state,
+        } = self;
+        if !server.http.is_empty() && server.http.parse::<SocketAddr>().is_err() {
+            return Err((
+                "server.http",
+                format!(
+                    "expected an address such as 127.0.0.1:8787, got `{}`",
+                    server.http
+                ),
+            ));
+        }
+        if server.token.chars().any(char::is_whitespace) {
+            return Err(("server.token", "must not contain whitespace".into()));
+        }
+        at_least("server.max_request_bytes", server.max_request_bytes, 1024)?;
+        at_least("server.max_connections", server.max_connections, 1)?;
+        seconds("server.shutdown_grace_s", server.shutdown_grace_s, true)?;
+        if engine.python.is_empty() {
+            return Err(("engine.python", "must not be empty".into()));
+        }
+        if engine.preload.iter().any(|module| module.trim().is_empty()) {
+            return Err(("engine.preload", "must not hold empty module names".into()));
+        }
+        seconds(
+            "engine.handshake_timeout_s",
+            engine.handshake_timeout_s,
+            false,
+        )?;
+        if pool.max_idle < pool.min_idle {
+            return Err((
+                "pool.max_idle",
+                format!(
+                    "must be at least pool.min_idle ({}), got {}",
+                    pool.min_idle, pool.max_idle
+                ),
+            ));
+        }
+        at_least("pool.max_total", pool.max_total, 1)?;
+        seconds("pool.idle_ttl_s", pool.idle_ttl_s, false)?;
+        seconds("pool.acquire_timeout_s", pool.acquire_timeout_s, false)?;
+        seconds("limits.timeout_s", limits.timeout_s, false)?;
+        seconds("limits.input_timeout_s", limits.input_timeout_s, false)?;
+        seconds("limits.interrupt_grace_s", limits.interrupt_grace_s, true)?;
+        at_least("state.retention", state.retention, 1)?;
+        at_least("state.max_bytes", state.max_bytes, 1)?;
+        seconds("state.auto_min_interval_s", state.auto_min_interval_s, true)?;
+        Ok(())
+    }
+
+    /// The Unix socket: `server.socket`, else `$XDG_RUNTIME_DIR/pyvisor/pyvisor.sock`, else
+    /// `~/.pyvisor/pyvisor.sock`.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket_path_in(|name| std::env::var_os(name))
+    }
+
+    /// [`Settings::socket_path`] with the environment given.
+    fn socket_path_in(&self, var: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+        if !self.server.socket.as_os_str().is_empty() {
+            return self.server.socket.clone();
+        }
+        let var = |name| {
+            var(name)
+                .filter(|value| !value.is_empty())
+                .map(PathBuf::from)
+        };
+        if let Some(runtime) = var("XDG_RUNTIME_DIR").filter(|dir| dir.is_absolute()) {
+            return runtime.join("pyvisor").join("pyvisor.sock");
+        }
+        // Without a home, the temp dir; the server checks who owns the directory it uses.
+        let home = var("HOME").unwrap_or_else(std::env::temp_dir);
+        home.join(".pyvisor").join("pyvisor.sock")
+    }
+
+    /// The PID file: `server.pid_file`, else `pyvisor.pid` beside the socket.
+    pub fn pid_file(&self) -> PathBuf {
+        self.beside_socket(&self.server.pid_file, "pyvisor.pid")
+    }
+
+    /// The daemon's log: `server.log_file`, else `pyvisor.log` beside the socket.
+    pub fn log_file(&self) -> PathBuf {
+        self.beside_socket(&self.server.log_file, "pyvisor.log")
+    }
+
+    /// `path`, or `name` in the socket's directory when `path` is empty.
+    fn beside_socket(&self, path: &Path, name: &str) -> PathBuf {
+        if path.as_os_str().is_empty() {
+            self.socket_path().with_file_name(name)
+        } else {
+            path.to_path_buf()
+        }
+    }
+
+    /// The HTTP listen address, if an HTTP server is asked for.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.server.http.parse().ok()
+    }
+
+    /// The bearer token HTTP requests must carry, if any.
+    pub fn token(&self) -> Option<&str> {
+        Some(self.server.token.as_str()).filter(|token| !token.is_empty())
+    }
+
+    /// How long running executions may finish after SIGTERM.
+    pub fn shutdown_grace(&self) -> Duration {
+        duration(self.server.shutdown_grace_s)
+    }
+
+    /// The pool's sizes and timeouts.
+    pub fn pool_config(&self) -> PoolConfig {
+        let pool = &self.pool;
+        PoolConfig {
+            min_idle: pool.min_idle,
+            max_idle: pool.max_idle,
+            max_total: pool.max_total,
+            idle_ttl: duration(pool.idle_ttl_s),
+            acquire_timeout: duration(pool.acquire_timeout_s),
+        }
+    }
+
+    /// The default limits of every session.
+    pub fn limits(&self) -> SessionLimits {
+        let limits = &self.limits;
+        let nonzero = |n: u64| Some(n).filter(|&n| n > 0);
+        SessionLimits {
+            timeout: duration(limits.timeout_s),
+            output_bytes: limits.output_bytes,
+            result_repr_bytes: limits.result_repr_bytes,
+            input_timeout: duration(limits.input_timeout_s),
+            interrupt_grace: duration(limits.interrupt_grace_s),
+            memory_mb: nonzero(limits.memory_mb),
+            cpu_s: nonzero(limits.cpu_s),
+            open_files: nonzero(limits.open_files),
+            processes: nonzero(limits.processes),
+        }
+    }
+
+    /// The configuration of the daemon's engine.
+    pub fn engine_config(&self) -> EngineConfig {
+        let defaults = EngineConfig::default();
+        let engine = &self.engine;
+        let state = &self.state;
+        let dir = |path: &PathBuf| Some(path.clone()).filter(|p| !p.as_os_str().is_empty());
+        EngineConfig {
+            python: engine.python.clone(),
+            pool: self.pool_config(),
+            preload: engine.preload.clone(),
+            zygote: engine.zygote,
+            limits: self.limits(),
+            cache_dir: dir(&engine.cache_dir),
+            handshake_timeout: duration(engine.handshake_timeout_s),
+            arbiters: match engine.arbiters {
+                0 => defaults.arbiters,
+                n => n,
+            },
+            use_cgroups: engine.use_cgroups,
+            state: StateConfig {
+                enabled: state.enabled,
+                dir: dir(&state.dir),
+                retention: state.retention,
+                max_bytes: state.max_bytes,
+                auto: AutoCheckpoint {
+                    after_changes: state.auto_after_changes,
+                    min_interval: duration(state.auto_min_interval_s),
+                },
+            },
+            ..defaults
+        }
+    }
+}
+
+/// Seconds as a duration; out-of-range values (only possible without validation) saturate.
+fn duration(seconds: f64) -> Duration {
+    if seconds.is_nan() || seconds <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX)
+}
+
+/// Checks a number of seconds: finite, not above [`MAX_SECONDS`], positive or (with
+/// `zero_ok`) zero.
+fn seconds(key: &'static str, value: f64, zero_ok: bool) -> Result<(), (&'static str, String)> {
+    let low_ok = if zero_ok { value >= 0.0 } else { value > 0.0 };
+    if low_ok && value <= MAX_SECONDS {
+        return Ok(());
+    }
+    let low = if zero_ok { "0 or more" } else { "more than 0" };
+    Err((
+        key,
+        format!("must be {low} seconds and at most {MAX_SECONDS}, got {value}"),
+    ))
+}
+
+/// Checks a count against its minimum.
+fn at_least(key: &'static str, value: usize, min: usize) -> Result<(), (&'static str, String)> {
+    if value >= min {
+        Ok(())
+    } else {
+        Err((key, format!("must be at least {min}, got {value}")))
+    }
+}
+
+/// The built-in defaults as a table: the keys that exist and the type of each.
+fn default_table() -> Table {
+    Table::try_from(Settings::default()).expect("the default settings are representable in TOML")
+}
+
+/// The file to read and its text: the explicit one, `$PYVISOR_CONFIG`, or the first of the
+/// search order that exists.
+fn find_file(
+    explicit: Option<&Path>,
+    ctx: &LoadContext,
+) -> Result<Option<(PathBuf, String)>, ConfigError> {
+    let named = match (explicit, ctx.var(CONFIG_VAR)) {
+        (Some(path), _) => Some((path, "--config")),
+        (None, Some(path)) => Some((Path::new(path), "$PYVISOR_CONFIG")),
+        (None, None) => None,
+    };
+    if let Some((path, named_by)) = named {
+        let path = ctx.cwd.join(path);
+        return match read_if_exists(&path)? {
+            Some(text) => Ok(Some((path, text))),
+            None => Err(ConfigError::Missing { path, named_by }),
+        };
+    }
+    let candidates = [
+        Some(ctx.cwd.join("pyvisor.toml")),
+        ctx.user_file(),
+        Some(ctx.system_file.clone()),
+    ];
+    for path in candidates.into_iter().flatten() {
+        if let Some(text) = read_if_exists(&path)? {
+            return Ok(Some((path, text)));
+        }
+    }
+    Ok(None)
+}
+
+/// A file's text, or `None` when it does not exist.
+fn read_if_exists(path: &Path) -> Result<Option<String>, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Parses a file's TOML, with the line and column of a syntax error.
+fn parse_file(path: &Path, text: &str) -> Result<Table, ConfigError> {
+    text.parse::<Table>().map_err(|err| {
+        let message = err.message().trim_end().to_owned();
+        let location = err.span().map(|span| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("line {line}, column {column}: ")
+        });
+        ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: format!("{}{message}", location.unwrap_or_default()),
+        }
+    })
+}
+
+/// Fails on a section or key that no setting has, or a section that is not a table.
+fn check_keys(table: &Table, schema: &Table, origin: &Origin) -> Result<(), ConfigError> {
+    for (section, value) in table {
+        let Some(known) = schema.get(section).and_then(Value::as_table) else {
+            return Err(ConfigError::UnknownKey {
+                origin: origin.clone(),
+                key: section.clone(),
+            });
+        };
+        let Some(keys) = value.as_table() else {
+            return Err(ConfigError::Invalid {
+                origin: origin.clone(),
+                key: section.clone(),
+                message: format!("expected a table [{section}], got {}", value.type_str()),
+            });
+        };
+        if let Some(key) = keys.keys().find(|key| !known.contains_key(*key)) {
+            return Err(ConfigError::UnknownKey {
+                origin: origin.clone(),
+                key: format!("{section}.{key}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Writes the `PYVISOR_<SECTION>__<KEY>` variables into `table`, each parsed as the type of
+/// its key's default, and returns their names.
+fn apply_overrides(
+    table: &mut Table,
+    schema: &Table,
+    ctx: &LoadContext,
+    origins: &mut BTreeMap<String, Origin>,
+) -> Result<Vec<String>, ConfigError> {
+    let mut applied = Vec::new();
+    for (var, raw) in &ctx.vars {
+        // PYVISOR_LOG, PYVISOR_CONFIG and the like have no `__`: they are not overrides.
+        let Some((section, key)) = var
+            .strip_prefix(OVERRIDE_PREFIX)
+            .and_then(|rest| rest.split_once("__"))
+        else {
+            continue;
+        };
+        let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
+        let name = format!("{section}.{key}");
+        let origin = Origin::Env(var.clone());
+        let Some(default) = schema
+            .get(&section)
+            .and_then(Value::as_table)
+            .and_then(|keys| keys.get(&key))
+        else {
+            return Err(ConfigError::UnknownKey { origin, key: name });
+        };
+        let value = raw
+            .to_str()
+            .ok_or_else(|| "not valid UTF-8".to_owned())
+            .and_then(|raw| parse_like(default, raw));
+        let value = match value {
+            Ok(value) => value,
+            Err(message) => {
+                return Err(ConfigError::Invalid {
+                    origin,
+                    key: name,
+                    message,
+                })
+            }
+        };
+        // check_keys has made sure an existing section is a table.
+        if let Some(keys) = table
+            .entry(section)
+            .or_insert_with(|| Value::Table(Table::new()))
+            .as_table_mut()
+        {
+            keys.insert(key, value);
+        }
+        origins.insert(name, origin);
+        applied.push(var.clone());
+    }
+    Ok(applied)
+}
+
+/// Parses an environment value as the type of `default`: lists are comma-separated, booleans
+/// `true`/`false`/`1`/`0`.
+fn parse_like(default: &Value, raw: &str) -> Result<Value, String> {
+    let trimmed = raw.trim();
+    match default {
+        Value::String(_) => Ok(Value::String(raw.to_owned())),
+        Value::Integer(_) => trimmed
+            .parse()
+            .map(Value::Integer)
+            .map_err(|_| format!("expected an integer, got `{raw}`")),
+        Value::Float(_) => trimmed
+            .parse()
+            .map(Value::Float)
+            .map_err(|_| format!("expected a number, got `{raw}`")),
+        Value::Boolean(_) => match trimmed.to_ascii_lowercase().as_str() {
+            "true" | "1" => Ok(Value::Boolean(true)),
+            "false" | "0" => Ok(Value::Boolean(false)),
+            _ => Err(format!("expected true, false, 1 or 0, got `{raw}`")),
+        },
+        Value::Array(_) => Ok(Value::Array(
+            trimmed
+                .split(',')
+                .map(str::trim)
+                .filter(|item| !item.is_empty())
+                .map(|item| Value::String(item.to_owned()))
+                .collect(),
+        )),
+        Value::Datetime(_) | Value::Table(_) => Err(format!(
+            "a {} cannot be set from the environment",
+            default.type_str()
+        )),
+    }
+}
+
+/// Deserializes the merged table; a type error names its key and where the value came from.
+fn deserialize(table: Table, origins: &BTreeMap<String, Origin>) -> Result<Settings, ConfigError> {
+    let whole = match Settings::deserialize(Value::Table(table.clone())) {
+        Ok(settings) => return Ok(settings),
+        Err(err) => err,
+    };
+    // Every field deserializes on its own, so the key at fault is the one that fails alone.
+    for (section, keys) in &table {
+        for (key, value) in keys.as_table().into_iter().flatten() {
+            let one = Table::from_iter([(
+                section.clone(),
+                Value::Table(Table::from_iter([(key.clone(), value.clone())])),
+            )]);
+            if let Err(err) = Settings::deserialize(Value::Table(one)) {
+                let name = format!("{section}.{key}");
+                return Err(ConfigError::Invalid {
+                    origin: origins.get(&name).cloned().unwrap_or(Origin::Default),
+                    key: name,
+                    message: err.message().to_owned(),
+                });
+            }
+        }
+    }
+    Err(ConfigError::Invalid {
+        origin: Origin::Default,
+        key: "settings".into(),
+        message: whole.message().to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use tempfile::TempDir;
+
+    use super::*;
+
+    /// The example file at the repository root.
+    const EXAMPLE: &str = include_str!("../../../pyvisor.example.toml");
+
+    /// A machine of temp dirs: `cwd/`, `home/` (as `HOME`) and `etc/config.toml` as the
+    /// system file, with no file anywhere yet.
+    struct Machine {
+        root: TempDir,
+        vars: BTreeMap<String, OsString>,
+    }
+
+    impl Machine {
+        fn new() -> Self {
+            let root = tempfile::tempdir().unwrap();
+            fs::create_dir(root.path().join("cwd")).unwrap();
+            let mut vars = BTreeMap::new();
+            vars.insert("HOME".into(), root.path().join("home").into());
+            vars.insert("PYVISOR_LOG".into(), "debug".into());
+            Self { root, vars }
+        }
+
+        fn path(&self, relative: &str) -> PathBuf {
+            self.root.path().join(relative)
+        }
+
+        /// Writes `text` to `relative` and returns its path.
+        fn write(&self, relative: &str, text: &str) -> PathBuf {
+            let path = self.path(relative);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(&path, text).unwrap();
+            path
+        }
+
+        fn set(&mut self, var: &str, value: impl Into<OsString>) -> &mut Self {
+            self.vars.insert(var.into(), value.into());
+            self
+        }
+
+        fn ctx(&self) -> LoadContext {
+            LoadContext {
+                vars: self.vars.clone(),
+                cwd: self.path("cwd"),
+                system_file: self.path("etc/config.toml"),
+            }
+        }
+
+        fn load(&self, explicit: Option<&Path>) -> Result<Loaded, ConfigError> {
+            Settings::load_with(explicit, &self.ctx())
+        }
+
+        /// The error of loading, as the user sees it.
+        fn error(&self, explicit: Option<&Path>) -> String {
+            self.load(explicit).unwrap_err().to_string()
+        }
+    }
+
+    fn min_idle(n: usize) -> String {
+        format!("[pool]\nmin_idle = {n}\n")
+    }
+
+    #[test]
+    fn example_file_equals_the_defaults() {
+        let example: Settings = toml::from_str(EXAMPLE).unwrap();
+        assert_eq!(example, Settings::default());
+    }
+
+    #[test]
+    fn example_file_sets_every_key() {
+        let example: Table = EXAMPLE.parse().unwrap();
+        for (section, keys) in default_table() {
+            let written = example[&section].as_table().unwrap();
+            for key in keys.as_table().unwrap().keys() {
+                assert!(written.contains_key(key), "{section}.{key} is missing");
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid_and_map_onto_the_engine_defaults() {
+        let settings = Settings::default();
+        assert_eq!(settings.validate(), Ok(()));
+        let engine = settings.engine_config();
+        let defaults = EngineConfig::default();
+        assert_eq!(engine.pool, defaults.pool);
+        assert_eq!(engine.limits, defaults.limits);
+        assert_eq!(engine.python, defaults.python);
+        assert_eq!(engine.preload, defaults.preload);
+        assert_eq!(engine.zygote, defaults.zygote);
+        assert_eq!(engine.arbiters, defaults.arbiters);
+        assert_eq!(engine.use_cgroups, defaults.use_cgroups);
+        assert_eq!(engine.cache_dir, None);
+        assert_eq!(engine.handshake_timeout, defaults.handshake_timeout);
+        assert_eq!(engine.max_frame_bytes, defaults.max_frame_bytes);
+        let (state, default_state) = (engine.state, defaults.state);
+        assert_eq!(state.enabled, default_state.enabled);
+        assert_eq!(state.dir, None);
+        assert_eq!(state.retention, default_state.retention);
+        assert_eq!(state.max_bytes, default_state.max_bytes);
+        assert_eq!(state.auto, default_state.auto);
+        assert_eq!(settings.shutdown_grace(), Duration::from_secs(30));
+        assert_eq!(settings.http_addr(), None);
+        assert_eq!(settings.token(), None);
+    }
+
+    #[test]
+    fn no_file_gives_the_defaults() {
+        let loaded = Machine::new().load(None).unwrap();
+        assert_eq!(loaded.source, None);
+        assert_eq!(loaded.settings, Settings::default());
+        assert!(loaded.overrides.is_empty());
+    }
+
+    #[test]
+    fn search_order_takes_the_first_file_that_exists() {
+        let mut machine = Machine::new();
+        let source = |machine: &Machine| {
+            let loaded = machine.load(None).unwrap();
+            (loaded.source.unwrap(), loaded.settings.pool.min_idle)
+        };
+        let system = machine.write("etc/config.toml", &min_idle(1));
+        assert_eq!(source(&machine), (system, 1));
+        let home = machine.write("home/.config/pyvisor/config.toml", &min_idle(2));
+        assert_eq!(source(&machine), (home, 2));
+        let xdg = machine.write("xdg/pyvisor/config.toml", &min_idle(3));
+        machine.set("XDG_CONFIG_HOME", machine.path("xdg"));
+        assert_eq!(source(&machine), (xdg, 3));
+        let cwd = machine.write("cwd/pyvisor.toml", &min_idle(4));
+        assert_eq!(source(&machine), (cwd, 4));
+        let named = machine.write("named.toml", &min_idle(5));
+        machine.set(CONFIG_VAR, &named);
+        assert_eq!(source(&machine), (named, 5));
+        let explicit = machine.write("explicit.toml", &min_idle(6));
+        let loaded = machine.load(Some(&explicit)).unwrap();
+        assert_eq!(
+            (loaded.source.unwrap(), loaded.settings.pool.min_idle),
+            (explicit, 6)
+        );
+    }
+
+    #[test]
+    fn relative_xdg_config_home_is_ignored() {
+        let mut machine = Machine::new();
+        let home = machine.write("home/.config/pyvisor/config.toml", &min_idle(2));
+        machine.write("cwd/xdg/pyvisor/config.toml", &min_idle(3));
+        machine.set("XDG_CONFIG_HOME", "xdg");
+        assert_eq!(machine.load(None).unwrap().source, Some(home));
+    }
+
+    #[test]
+    fn named_files_must_exist() {
+        let mut machine = Machine::new();
+        machine.write("cwd/pyvisor.toml", &min_idle(4));
+        let missing = machine.path("missing.toml");
+        assert_eq!(
+            machine.error(Some(&missing)),
+            format!(
+                "read {}: no such file (named by --config)",
+                missing.display()
+            )
+        );
+        machine.set(CONFIG_VAR, &missing);
+        assert_eq!(
+            machine.error(None),
+            format!(
+                "read {}: no such file (named by $PYVISOR_CONFIG)",
+                missing.display()
+            )
+        );
+    }
+
+    #[test]
+    fn explicit_relative_path_starts_from_the_working_directory() {
+        let machine = Machine::new();
+        let path = machine.write("cwd/mine.toml", &min_idle(7));
+        let loaded = machine.load(Some(Path::new("mine.toml"))).unwrap();
+        assert_eq!(loaded.source, Some(path));
+        assert_eq!(loaded.settings.pool.min_idle, 7);
+    }
+
+    #[test]
+    fn env_overrides_every_type_on_top_of_the_file() {
+        let mut machine = Machine::new();
+        machine.write(
+            "cwd/pyvisor.toml",
+            "[pool]\nmin_idle = 1\nmax_idle = 3\n[engine]\nzygote = true\n",
+        );
+        machine
+            .set("PYVISOR_POOL__MIN_IDLE", "3")
+            .set("PYVISOR_POOL__IDLE_TTL_S", "1.5")
+            .set("PYVISOR_LIMITS__TIMEOUT_S", "45")
+            .set("PYVISOR_ENGINE__ZYGOTE", "0")
+            .set("PYVISOR_SERVER__WATCHDOG", "FALSE")
+            .set("PYVISOR_STATE__ENABLED", "1")
+            .set("PYVISOR_ENGINE__PYTHON", "/opt/py/bin/python3")
+            .set("PYVISOR_ENGINE__PRELOAD", "pandas, numpy,")
+            .set("PYVISOR_STATE__DIR", "/var/lib/pyvisor")
+            .set("PYVISOR_BENCH_QUICK", "1");
+        let loaded = machine.load(None).unwrap();
+        let settings = &loaded.settings;
+        assert_eq!(settings.pool.min_idle, 3);
+        assert_eq!(settings.pool.max_idle, 3);
+        assert_eq!(settings.pool.idle_ttl_s, 1.5);
+        assert_eq!(settings.limits.timeout_s, 45.0);
+        assert!(!settings.engine.zygote);
+        assert!(!settings.server.watchdog);
+        assert!(settings.state.enabled);
+        assert_eq!(settings.engine.python, "/opt/py/bin/python3");
+        assert_eq!(settings.engine.preload, ["pandas", "numpy"]);
+        assert_eq!(settings.state.dir, Path::new("/var/lib/pyvisor"));
+        assert_eq!(loaded.overrides.len(), 9);
+        assert!(loaded
+            .overrides
+            .contains(&"PYVISOR_POOL__MIN_IDLE".to_owned()));
+
+        machine.set("PYVISOR_ENGINE__PRELOAD", "");
+        assert!(machine
+            .load(None)
+            .unwrap()
+            .settings
+            .engine
+            .preload
+            .is_empty());
+    }
+
+    #[test]
+    fn unknown_env_key_names_the_variable() {
+        let mut machine = Machine::new();
+        machine.set("PYVISOR_POOL__MAX_IDEL", "4");
+        assert_eq!(
+            machine.error(None),
+            "environment variable PYVISOR_POOL__MAX_IDEL: unknown key pool.max_idel"
+        );
+        let mut machine = Machine::new();
+        machine.set("PYVISOR_POOLS__MAX_IDLE", "4");
+        assert_eq!(
+            machine.error(None),
+            "environment variable PYVISOR_POOLS__MAX_IDLE: unknown key pools.max_idle"
+        );
+    }
+
+    #[test]
+    fn bad_env_values_name_the_variable() {
+        let cases = [
+            (
+                "PYVISOR_POOL__MIN_IDLE",
+                "many",
+                "pool.min_idle: expected an integer, got `many`",
+            ),
+            (
+                "PYVISOR_POOL__MIN_IDLE",
+                "-1",
+                "pool.min_idle: invalid value: integer `-1`",
+            ),
+            (
+                "PYVISOR_ENGINE__ZYGOTE",
+                "yes",
+                "engine.zygote: expected true, false, 1 or 0",
+            ),
+            (
+                "PYVISOR_LIMITS__TIMEOUT_S",
+                "soon",
+                "limits.timeout_s: expected a number",
+            ),
+            (
+                "PYVISOR_LIMITS__TIMEOUT_S",
+                "0",
+                "limits.timeout_s: must be more than 0 seconds",
+            ),
+            (
+                "PYVISOR_POOL__MIN_IDLE",
+                "9",
+                "pool.max_idle: must be at least pool.min_idle (9)",
+            ),
+        ];
+        for (var, value, expected) in cases {
+            let mut machine = Machine::new();
+            machine.set(var, value);
+            let error = machine.error(None);
+            let prefix = format!("environment variable {var}: {expected}");
+            assert!(
+                error.starts_with(&prefix),
+                "{error:?} does not start with {prefix:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_key_in_file_names_file_and_key() {
+        let machine = Machine::new();
+        let path = machine.write("etc/config.toml", "[pool]\nmin_idle = 2\nmax_idel = 9\n");
+        assert_eq!(
+            machine.error(None),
+            format!("{}: unknown key pool.max_idel", path.display())
+        );
+        let path = machine.write("etc/config.toml", "[pools]\nmax_idle = 9\n");
+        assert_eq!(
+            machine.error(None),
+            format!("{}: unknown key pools", path.display())
+        );
+        let path = machine.write("etc/config.toml", "python = \"python3\"\n");
+        assert_eq!(
+            machine.error(None),
+            format!("{}: unknown key python", path.display())
+        );
+    }
+
+    #[test]
+    fn type_errors_in_file_name_file_and_key() {
+        let machine = Machine::new();
+        let cases = [
+            (
+                "[pool]\nmin_idle = \"two\"\n",
+                "pool.min_idle: invalid type: string \"two\"",
+            ),
+            (
+                "[pool]\nmin_idle = 1.5\n",
+                "pool.min_idle: invalid type: floating point `1.5`",
+            ),
+            (
+                "[engine]\npreload = \"pandas\"\n",
+                "engine.preload: invalid type: string",
+            ),
+            (
+                "[engine]\nzygote = 1\n",
+                "engine.zygote: invalid type: integer `1`",
+            ),
+            (
+                "[state]\nauto_after_changes = 5000000000\n",
+                "state.auto_after_changes: invalid value",
+            ),
+            ("pool = 3\n", "pool: expected a table [pool], got integer"),
+        ];
+        for (text, expected) in cases {
+            let path = machine.write("cwd/pyvisor.toml", text);
+            let error = machine.error(None);
+            let prefix = format!("{}: {expected}", path.display());
+            assert!(
+                error.starts_with(&prefix),
+                "{error:?} does not start with {prefix:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn syntax_errors_give_the_line() {
+        let machine = Machine::new();
+        let path = machine.write("cwd/pyvisor.toml", "[pool]\nmin_idle = = 2\n");
+        let error = machine.error(None);
+        let prefix = format!("{}: line 2, column ", path.display());
+        assert!(error.starts_with(&prefix), "{error:?}");
+    }
+
+    #[test]
+    fn out_of_range_values_name_file_and_key() {
+        let machine = Machine::new();
+        let cases = [
+            (
+                "[pool]\nmax_idle = 1\n",
+                "pool.max_idle: must be at least pool.min_idle (2), got 1",
+            ),
+            (
+                "[pool]\nmin_idle = 9\n",
+                "pool.max_idle: must be at least pool.min_idle (9), got 8",
+            ),
+            (
+                "[pool]\nmax_total = 0\n",
+                "pool.max_total: must be at least 1, got 0",
+            ),
+            (
+                "[pool]\nacquire_timeout_s = -1\n",
+                "pool.acquire_timeout_s: must be more than 0",
+            ),
+            (
+                "[limits]\ntimeout_s = nan\n",
+                "limits.timeout_s: must be more than 0",
+            ),
+            (
+                "[limits]\ninput_timeout_s = inf\n",
+                "limits.input_timeout_s: must be more than 0",
+            ),
+            (
+                "[limits]\ninterrupt_grace_s = -0.5\n",
+                "limits.interrupt_grace_s: must be 0 or more",
+            ),
+            (
+                "[server]\nmax_request_bytes = 100\n",
+                "server.max_request_bytes: must be at least 1024",
+            ),
+            (
+                "[server]\ntoken = \"a b\"\n",
+                "server.token: must not contain whitespace",
+            ),
+            (
+                "[server]\nhttp = \"localhost\"\n",
+                "server.http: expected an address such as",
+            ),
+            (
+                "[engine]\npython = \"\"\n",
+                "engine.python: must not be empty",
+            ),
+            (
+                "[state]\nretention = 0\n",
+                "state.retention: must be at least 1, got 0",
+            ),
+        ];
+        for (text, expected) in cases {
+            let path = machine.write("cwd/pyvisor.toml", text);
+            let error = machine.error(None);
+            let prefix = format!("{}: {expected}", path.display());
+            assert!(
+                error.starts_with(&prefix),
+                "{error:?} does not start with {prefix:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_durations_are_allowed_where_they_mean_at_once() {
+        let machine = Machine::new();
+        machine.write(
+            "cwd/pyvisor.toml",
+            "[server]\nshutdown_grace_s = 0\n[limits]\ninterrupt_grace_s = 0.25\n",
+        );
+        let settings = machine.load(None).unwrap().settings;
+        assert_eq!(settings.shutdown_grace(), Duration::ZERO);
+        assert_eq!(
+            settings.limits().interrupt_grace,
+            Duration::from_millis(250)
+        );
+    }
+
+    #[test]
+    fn resolved_helpers_map_the_values() {
+        let machine = Machine::new();
+        machine.write(
+            "cwd/pyvisor.toml",
+            r#"
+            [server]
+            http = "127.0.0.1:8787"
+            token = "s3cret"
+            [engine]
+            arbiters = 3
+            cache_dir = "/var/cache/pyvisor"
+            handshake_timeout_s = 2.5
+            [pool]
+            idle_ttl_s = 0.5
+            [limits]
+            memory_mb = 0
+            cpu_s = 60
+            open_files = 0
+            processes = 0
+            [state]
+            dir = "/var/lib/pyvisor"
+            auto_after_changes = 0
+            "#,
+        );
+        let settings = machine.load(None).unwrap().settings;
+        assert_eq!(
+            settings.http_addr(),
+            Some("127.0.0.1:8787".parse().unwrap())
+        );
+        assert_eq!(settings.token(), Some("s3cret"));
+        let limits = settings.limits();
+        assert_eq!(
+            (
+                limits.memory_mb,
+                limits.cpu_s,
+                limits.open_files,
+                limits.processes
+            ),
+            (None, Some(60), None, None)
+        );
+        assert_eq!(settings.pool_config().idle_ttl, Duration::from_millis(500));
+        let engine = settings.engine_config();
+        assert_eq!(engine.arbiters, 3);
+        assert_eq!(engine.cache_dir, Some(PathBuf::from("/var/cache/pyvisor")));
+        assert_eq!(engine.handshake_timeout, Duration::from_millis(2500));
+        assert_eq!(engine.state.dir, Some(PathBuf::from("/var/lib/pyvisor")));
+        assert_eq!(engine.state.auto.after_changes, 0);
+        assert_eq!(engine.limits, limits);
+    }
+
+    #[test]
+    fn socket_pid_and_log_files_default_beside_each_other() {
+        fn vars(runtime: Option<&'static str>) -> impl Fn(&str) -> Option<OsString> {
+            move |name| match name {
+                "XDG_RUNTIME_DIR" => runtime.map(OsString::from),
+                "HOME" => Some("/home/ada".into()),
+                _ => None,
+            }
+        }
+        let mut settings = Settings::default();
+        assert_eq!(
+            settings.socket_path_in(vars(Some("/run/user/1000"))),
+            Path::new("/run/user/1000/pyvisor/pyvisor.sock")
+        );
+        assert_eq!(
+            settings.socket_path_in(vars(None)),
+            Path::new("/home/ada/.pyvisor/pyvisor.sock")
+        );
+        assert_eq!(
+            settings.socket_path_in(vars(Some("relative"))),
+            Path::new("/home/ada/.pyvisor/pyvisor.sock")
+        );
+        settings.server.socket = "/srv/pyvisor/api.sock".into();
+        assert_eq!(
+            settings.socket_path_in(vars(None)),
+            Path::new("/srv/pyvisor/api.sock")
+        );
+        assert_eq!(settings.pid_file(), Path::new("/srv/pyvisor/pyvisor.pid"));
+        assert_eq!(settings.log_file(), Path::new("/srv/pyvisor/pyvisor.log"));
+        settings.server.pid_file = "/run/pyvisor.pid".into();
+        settings.server.log_file = "/var/log/pyvisor.log".into();
+        assert_eq!(settings.pid_file(), Path::new("/run/pyvisor.pid"));
+        assert_eq!(settings.log_file(), Path::new("/var/log/pyvisor.log"));
+    }
+}
