@@ -65,3 +65,24 @@ pub enum ConfigError {
         message: String,
     },
 }
+
+/// Why `pyvisor serve` could not run.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The socket could not be created.
+    #[error("listen on {}: {source}", path.display())]
+    Socket {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Another daemon answers on the socket.
+    #[error("listen on {}: another pyvisor daemon is serving there", path.display())]
+    InUse { path: PathBuf },
+    /// The engine did not start.
+    #[error(transparent)]
+    Engine(EngineError),
+    /// Signal handlers could not be installed.
+    #[error("install signal handlers: {0}")]
+    Signals(std::io::Error),
+}

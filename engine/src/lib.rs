@@ -21,6 +21,7 @@ mod engine;
 pub mod errors;
 pub mod rpc;
 mod scratch;
+pub mod server;
 mod session;
 
 pub use config::{EngineConfig, StateConfig};

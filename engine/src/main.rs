@@ -1,4 +1,5 @@
-//! The `pyvisor` command line: `pyvisor exec` runs code in an embedded engine.
+//! The `pyvisor` command line: run code (`exec`, `repl`), run the daemon (`serve`,
+//! `daemon`), check the configuration (`config check`).
 
 mod cli;
 
@@ -15,7 +16,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    // The engine runs its actors on threads of its own; these serve the connections.
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
         .enable_all()
         .build()
     {

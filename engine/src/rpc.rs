@@ -11,4 +11,4 @@ pub mod wire;
 pub use dispatch::Dispatcher;
 pub use errors::{code, RpcError};
 pub use message::{error_text, oversized, respond};
-pub use outbound::{Outbound, OUTBOUND_CAPACITY};
+pub use outbound::{Outbound, OutboundQueue, OUTBOUND_CAPACITY};

@@ -2,11 +2,13 @@
 
 mod config;
 mod exec;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
 pub use config::ConfigCommand;
 pub use exec::ExecArgs;
+pub use serve::ServeArgs;
 
 /// Exit status for usage and configuration errors (SPEC.md §1).
 pub const EXIT_USAGE: u8 = 2;
@@ -28,6 +30,8 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Run the supervisor daemon in the foreground (JSON-RPC on a Unix socket or stdio).
+    Serve(ServeArgs),
 }
 
 /// Runs the parsed command and returns the process exit status.
@@ -35,5 +39,6 @@ pub async fn run(cli: Cli) -> u8 {
     match cli.command {
         Command::Exec(args) => exec::run(args).await,
         Command::Config { command } => config::run(command),
+        Command::Serve(args) => serve::run(args).await,
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -26,7 +26,8 @@ use crate::{
 pub struct Dispatcher {
     engine: Engine,
     /// Limits of a session that asks for none; the base of the ones that ask for some.
-    default_limits: SessionLimits,
+    /// Replaced when the daemon reloads its settings.
+    default_limits: RwLock<SessionLimits>,
     started: Instant,
     stopping: AtomicBool,
     /// Sessions looked up before, by the id or name the client used: saves the
@@ -39,7 +40,7 @@ impl Dispatcher {
     pub fn new(engine: Engine, default_limits: SessionLimits) -> Arc<Self> {
         Arc::new(Self {
             engine,
-            default_limits,
+            default_limits: RwLock::new(default_limits),
             started: Instant::now(),
             stopping: AtomicBool::new(false),
             sessions: Mutex::new(HashMap::new()),
@@ -49,6 +50,14 @@ impl Dispatcher {
     /// The engine the methods run against.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Limits for sessions created from now on (a reload); live sessions keep theirs.
+    pub fn set_default_limits(&self, limits: SessionLimits) {
+        *self
+            .default_limits
+            .write()
+            .expect("limits lock is never poisoned") = limits;
     }
 
     /// Marks the server as stopping: `engine.health` says so from now on.
@@ -97,10 +106,7 @@ impl Dispatcher {
             Some(python) => Some(self.engine.interpreter(python).await?),
             None => None,
         };
-        let limits = params
-            .limits
-            .map(|limits| self.limits(limits))
-            .transpose()?;
+        let limits = Some(self.limits(params.limits.unwrap_or_default())?);
         let options = SessionOptions {
             name: params.name,
             owner: params.owner,
@@ -133,9 +139,13 @@ impl Dispatcher {
         })
     }
 
-    /// The engine's default limits with `params` applied.
+    /// The current default limits with `params` applied.
     fn limits(&self, params: wire::LimitParams) -> Result<SessionLimits, RpcError> {
-        let mut limits = self.default_limits.clone();
+        let mut limits = self
+            .default_limits
+            .read()
+            .expect("limits lock is never poisoned")
+            .clone();
         if let Some(memory_mb) = params.memory_mb {
             limits.memory_mb = Some(memory_mb);
         }

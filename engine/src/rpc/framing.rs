@@ -43,7 +43,7 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
                 if self.skipping || self.line.is_empty() {
                     return Ok(None);
                 }
-                let line = std::mem::take(&mut self.line);
+                let line = without_cr(std::mem::take(&mut self.line));
                 if is_blank(&line) {
                     return Ok(None);
                 }
@@ -70,15 +70,19 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
             if newline.is_none() {
                 continue;
             }
-            let mut line = std::mem::take(&mut self.line);
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
+            let line = without_cr(std::mem::take(&mut self.line));
             if !is_blank(&line) {
                 return Ok(Some(Frame::Line(line)));
             }
         }
     }
+}
+
+fn without_cr(mut line: Vec<u8>) -> Vec<u8> {
+    if line.last() == Some(&b'\r') {
+        line.pop();
+    }
+    line
 }
 
 fn is_blank(line: &[u8]) -> bool {

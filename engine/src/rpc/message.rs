@@ -9,19 +9,15 @@ use super::dispatch::Dispatcher;
 use super::errors::RpcError;
 use super::outbound::Outbound;
 
-/// Handles the message `text` (UTF-8 JSON); returns the response to send, if any. Notifications a
-/// streaming execution produces go to `out` before this returns.
+/// Handles the message `text` (UTF-8 JSON); returns the response to send, if any.
+/// Notifications a streaming execution produces go to `out` before this returns.
 pub async fn respond(dispatcher: &Dispatcher, text: &[u8], out: &Outbound) -> Option<String> {
-    let message: Value = match serde_json::from_slice(text) {
-        Ok(message) => message,
-        Err(err) => return Some(error_text(&Value::Null, RpcError::parse_error(err))),
-    };
-    match message {
-        Value::Array(batch) if batch.is_empty() => Some(error_text(
-            &Value::Null,
-            RpcError::invalid_request("empty batch"),
-        )),
-        Value::Array(batch) => {
+    match parse(text) {
+        Message::Invalid(error) => Some(error_text(&Value::Null, error)),
+        Message::Single(request) => respond_one(dispatcher, request, out)
+            .await
+            .map(|reply| serde_json::to_string(&reply).expect("replies are plain JSON values")),
+        Message::Batch(batch) => {
             let replies = join_all(
                 batch
                     .into_iter()
@@ -34,9 +30,28 @@ pub async fn respond(dispatcher: &Dispatcher, text: &[u8], out: &Outbound) -> Op
             }
             Some(serde_json::to_string(&replies).expect("replies are plain JSON values"))
         }
-        request => respond_one(dispatcher, request, out)
-            .await
-            .map(|reply| serde_json::to_string(&reply).expect("replies are plain JSON values")),
+    }
+}
+
+/// What one incoming message holds.
+#[derive(Debug)]
+enum Message {
+    /// Not JSON, or an empty batch: one error response with a null id.
+    Invalid(RpcError),
+    Single(Result<Request, RpcError>),
+    Batch(Vec<Result<Request, RpcError>>),
+}
+
+/// Parses one message; never fails, whatever the bytes: what is wrong becomes the error
+/// its response carries.
+fn parse(text: &[u8]) -> Message {
+    match serde_json::from_slice(text) {
+        Err(err) => Message::Invalid(RpcError::parse_error(err)),
+        Ok(Value::Array(batch)) if batch.is_empty() => {
+            Message::Invalid(RpcError::invalid_request("empty batch"))
+        }
+        Ok(Value::Array(batch)) => Message::Batch(batch.into_iter().map(validate).collect()),
+        Ok(request) => Message::Single(validate(request)),
     }
 }
 
@@ -71,14 +86,19 @@ struct Reply {
 }
 
 /// A request as JSON-RPC 2.0 defines it; `id` is `None` for a notification.
+#[derive(Debug)]
 struct Request {
     id: Option<Value>,
     method: String,
     params: Option<Value>,
 }
 
-async fn respond_one(dispatcher: &Dispatcher, request: Value, out: &Outbound) -> Option<Reply> {
-    let request = match validate(request) {
+async fn respond_one(
+    dispatcher: &Dispatcher,
+    request: Result<Request, RpcError>,
+    out: &Outbound,
+) -> Option<Reply> {
+    let request = match request {
         Ok(request) => request,
         Err(error) => {
             return Some(Reply {
@@ -138,4 +158,117 @@ fn validate(request: Value) -> Result<Request, RpcError> {
         }
     };
     Ok(Request { id, method, params })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn single(text: &str) -> Result<Request, RpcError> {
+        match parse(text.as_bytes()) {
+            Message::Single(request) => request,
+            other => panic!("expected a single request, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_request_is_accepted() {
+        let request = single(
+            r#"{"jsonrpc":"2.0","id":7,"method":"session.info","params":{"session_id":"s"}}"#,
+        )
+        .expect("valid");
+        assert_eq!(request.id, Some(Value::from(7)));
+        assert_eq!(request.method, "session.info");
+        let note = single(r#"{"jsonrpc":"2.0","method":"engine.health"}"#).expect("valid");
+        assert_eq!(note.id, None);
+        let null_id = single(r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#).expect("valid");
+        assert_eq!(
+            null_id.id,
+            Some(Value::Null),
+            "a null id is a request, not a notification"
+        );
+    }
+
+    #[test]
+    fn malformed_envelopes_are_invalid_requests() {
+        for text in [
+            r#"{"id":1,"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":1}"#,
+            r#"{"jsonrpc":"2.0","id":{},"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":5}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":"p"}"#,
+            r#"42"#,
+        ] {
+            let err = single(text).expect_err(text);
+            assert_eq!(err.code, super::super::code::INVALID_REQUEST, "{text}");
+        }
+        assert!(matches!(parse(b"[]"), Message::Invalid(e) if e.code == -32600));
+        assert!(matches!(parse(b"{"), Message::Invalid(e) if e.code == -32700));
+    }
+
+    /// Arbitrary JSON values, to reach the envelope checks more often than random bytes do.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[a-z.\\\"]{0,12}".prop_map(Value::from),
+            Just(Value::from("2.0")),
+            Just(Value::from("session.execute")),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::from),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("jsonrpc".to_owned()),
+                        Just("id".to_owned()),
+                        Just("method".to_owned()),
+                        Just("params".to_owned()),
+                        "[a-z]{1,6}"
+                    ],
+                    inner,
+                    0..6
+                )
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Whatever the bytes, parsing ends in a message or a typed error, and an error
+        /// response is valid JSON-RPC.
+        #[test]
+        fn parsing_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            if let Message::Invalid(error) = parse(&bytes) {
+                let text = error_text(&Value::Null, error);
+                let reply: Value = serde_json::from_str(&text).expect("an error reply is JSON");
+                prop_assert_eq!(&reply["jsonrpc"], "2.0");
+                prop_assert!(reply["error"]["code"].is_i64());
+            }
+        }
+
+        /// Every JSON value parses, and exactly the well-formed envelopes are accepted.
+        #[test]
+        fn envelopes_are_judged_by_the_spec(value in json_value()) {
+            let text = serde_json::to_vec(&value).expect("a Value encodes");
+            let judged: Vec<(Value, Result<Request, RpcError>)> = match (parse(&text), &value) {
+                (Message::Single(request), _) => vec![(value.clone(), request)],
+                (Message::Batch(batch), Value::Array(items)) => items.iter().cloned().zip(batch).collect(),
+                (Message::Invalid(_), Value::Array(items)) => { prop_assert!(items.is_empty()); vec![] }
+                (other, _) => { prop_assert!(false, "unexpected {:?}", other); vec![] }
+            };
+            for (value, request) in judged {
+                let well_formed = value.get("jsonrpc") == Some(&Value::from("2.0"))
+                    && value.get("method").is_some_and(Value::is_string)
+                    && value.get("id").is_none_or(|id| id.is_string() || id.is_number() || id.is_null())
+                    && value.get("params").is_none_or(|p| p.is_object() || p.is_array());
+                prop_assert_eq!(request.is_ok(), well_formed, "{}", value);
+            }
+        }
+    }
 }

@@ -1,34 +1,65 @@
 //! [`Outbound`]: the queue of one connection's outgoing messages (responses and
 //! notifications, each one JSON text), drained in order by the connection's writer.
+//!
+//! The queue is bounded by bytes, not messages: one answer may carry 10 MiB of output, so a
+//! client that stops reading could otherwise pin gigabytes. A sender waits while the queue
+//! is full; the writer gives up on a peer that makes no progress, which frees the queue.
+
+use std::sync::Arc;
 
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-/// Messages a connection may hold for a slow reader before its requests wait.
-pub const OUTBOUND_CAPACITY: usize = 256;
+/// Bytes of unwritten messages one connection may hold before its senders wait.
+pub const OUTBOUND_CAPACITY: usize = 32 * 1024 * 1024;
+
+/// The queue's unit of accounting: permits are KiB, so that a `u32` counts them.
+const UNIT: usize = 1024;
 
 /// The sending side of a connection's outgoing queue. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Outbound {
-    tx: mpsc::Sender<String>,
+    tx: mpsc::UnboundedSender<(String, OwnedSemaphorePermit)>,
+    room: Arc<Semaphore>,
+    /// The most permits one message takes: a message larger than the queue still passes,
+    /// alone.
+    max_units: u32,
+}
+
+/// The receiving side, drained by the connection's writer.
+#[derive(Debug)]
+pub struct OutboundQueue {
+    rx: mpsc::UnboundedReceiver<(String, OwnedSemaphorePermit)>,
 }
 
 impl Outbound {
-    /// A queue of `capacity` messages and the receiver its writer drains.
-    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<String>) {
-        let (tx, rx) = mpsc::channel(capacity);
-        (Self { tx }, rx)
+    /// A queue of at most `capacity_bytes` and the receiver its writer drains.
+    pub fn new(capacity_bytes: usize) -> (Self, OutboundQueue) {
+        let units = (capacity_bytes / UNIT).clamp(1, u32::MAX as usize / 2);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let outbound = Self {
+            tx,
+            room: Arc::new(Semaphore::new(units)),
+            max_units: units as u32,
+        };
+        (outbound, OutboundQueue { rx })
     }
 
-    /// A queue nobody reads: notifications sent to it are dropped (plain HTTP requests).
+    /// A queue nobody reads: messages sent to it are dropped (plain HTTP requests).
     pub fn closed() -> Self {
-        let (tx, _) = mpsc::channel(1);
-        Self { tx }
+        Self::new(UNIT).0
     }
 
     /// Queues one message; waits while the queue is full. False when the connection is gone.
     pub async fn send(&self, message: String) -> bool {
-        self.tx.send(message).await.is_ok()
+        if self.tx.is_closed() {
+            return false;
+        }
+        let units = (message.len() / UNIT + 1).min(self.max_units as usize) as u32;
+        let Ok(permit) = self.room.clone().acquire_many_owned(units).await else {
+            return false;
+        };
+        self.tx.send((message, permit)).is_ok()
     }
 
     /// Queues a JSON-RPC notification. False when the connection is gone.
@@ -48,5 +79,50 @@ impl Outbound {
             Ok(text) => self.send(text).await,
             Err(_) => false,
         }
+    }
+}
+
+impl OutboundQueue {
+    /// The next message; its bytes leave the queue's account. `None` once every sender is
+    /// gone and the queue is empty.
+    pub async fn recv(&mut self) -> Option<String> {
+        self.rx.recv().await.map(|(message, _room)| message)
+    }
+
+    /// Whether no message is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_full_queue_makes_senders_wait_until_the_writer_takes_a_message() {
+        let (out, mut queue) = Outbound::new(4 * UNIT);
+        assert!(out.send("a".repeat(3 * UNIT)).await);
+        let blocked = tokio::time::timeout(Duration::from_millis(50), out.send("b".repeat(UNIT)));
+        assert!(blocked.await.is_err(), "the queue is full");
+        assert_eq!(queue.recv().await.map(|m| m.len()), Some(3 * UNIT));
+        assert!(out.send("b".repeat(UNIT)).await);
+    }
+
+    #[tokio::test]
+    async fn a_message_larger_than_the_queue_still_passes() {
+        let (out, mut queue) = Outbound::new(2 * UNIT);
+        assert!(out.send("x".repeat(10 * UNIT)).await);
+        assert_eq!(queue.recv().await.map(|m| m.len()), Some(10 * UNIT));
+    }
+
+    #[tokio::test]
+    async fn sends_fail_once_the_queue_is_gone() {
+        let (out, queue) = Outbound::new(UNIT);
+        drop(queue);
+        assert!(!out.send("x".into()).await);
+        assert!(!Outbound::closed().notify("m", &()).await);
     }
 }

@@ -1,0 +1,75 @@
+//! `pyvisor serve`: run the daemon in the foreground with the settings of the config file,
+//! the environment and the command line.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use pyvisor::config::Settings;
+use pyvisor::server::{self, Listen, Reload, ServeOptions};
+
+use super::EXIT_USAGE;
+
+/// Arguments of `pyvisor serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Config file (default: the search order of `pyvisor config check`).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Unix socket to listen on (overrides `server.socket`).
+    #[arg(long, value_name = "PATH", conflicts_with = "stdio")]
+    socket: Option<PathBuf>,
+    /// Also serve HTTP on this address (overrides `server.http`), e.g. 127.0.0.1:8787.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
+    /// Speak JSON-RPC on stdin/stdout instead of a socket.
+    #[arg(long)]
+    stdio: bool,
+}
+
+pub async fn run(args: ServeArgs) -> u8 {
+    let loaded = match Settings::load(args.config.as_deref()) {
+        Ok(loaded) => loaded,
+        Err(err) => {
+            eprintln!("pyvisor: {err}");
+            return EXIT_USAGE;
+        }
+    };
+    let mut settings = loaded.settings;
+    if let Some(socket) = args.socket {
+        settings.server.socket = socket;
+    }
+    if let Some(http) = args.http {
+        settings.server.http = http;
+    }
+    let listen = if args.stdio {
+        Listen::Stdio
+    } else {
+        Listen::Socket(settings.socket_path())
+    };
+    let options = ServeOptions {
+        engine: settings.engine_config(),
+        listen,
+        max_request_bytes: settings.server.max_request_bytes,
+        max_connections: settings.server.max_connections,
+        shutdown_grace: settings.shutdown_grace(),
+        watchdog: settings.server.watchdog,
+    };
+    // SIGHUP reads the file found at start again (or searches again if there was none).
+    let config = args.config.or(loaded.source);
+    let reload = Box::new(move || {
+        let settings = Settings::load(config.as_deref())
+            .map_err(|err| err.to_string())?
+            .settings;
+        Ok(Reload {
+            pool: settings.pool_config(),
+            limits: settings.limits(),
+        })
+    });
+    match server::serve(options, reload).await {
+        Ok(()) => 0,
+        Err(err) => {
+            eprintln!("pyvisor: failed to {err}");
+            1
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! The daemon side of pyvisor: `pyvisor serve` and the transports that carry the JSON-RPC
+//! of [`crate::rpc`] (a Unix socket, stdin/stdout), plus its systemd integration.
+
+mod connection;
+pub mod daemon;
+mod stdio;
+pub mod systemd;
+mod unix;
+
+pub use daemon::{serve, Listen, Reload, Reloader, ServeOptions};

@@ -1,0 +1,28 @@
+//! `pyvisor serve --stdio`: the JSON-RPC of the Unix socket on the process's own stdin and
+//! stdout, for a host program that starts pyvisor as its child. Stdout carries nothing but
+//! JSON-RPC messages; logs go to stderr.
+
+use std::sync::Arc;
+
+use tokio::io::BufReader;
+use tokio::sync::watch;
+
+use super::connection::serve_connection;
+use crate::rpc::Dispatcher;
+
+/// Serves stdin/stdout as one connection until stdin ends (and every answer is written)
+/// or `shutdown` turns true.
+pub async fn serve_stdio(
+    dispatcher: Arc<Dispatcher>,
+    max_request_bytes: usize,
+    shutdown: watch::Receiver<bool>,
+) {
+    serve_connection(
+        dispatcher,
+        BufReader::new(tokio::io::stdin()),
+        tokio::io::stdout(),
+        max_request_bytes,
+        shutdown,
+    )
+    .await;
+}

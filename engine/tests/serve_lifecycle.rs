@@ -1,0 +1,147 @@
+//! The life of `pyvisor serve`: a graceful SIGTERM with executions in flight, named
+//! sessions back after a restart, a SIGHUP reload of the pool, and `--stdio`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::Daemon;
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_checkpoints_and_named_sessions_come_back() {
+    let home = tempfile::TempDir::new().unwrap();
+    let mut daemon = Daemon::start_in(home.path(), &[], &[]).await;
+    let mut conn = daemon.connect().await;
+    let created = conn.call("session.create", json!({"name": "keep"})).await;
+    let session = created["session_id"].as_str().unwrap().to_owned();
+    conn.call(
+        "session.execute",
+        json!({"session_id": session, "code": "data = {'n': 41}\ndef bump(d):\n    return d['n'] + 1"}),
+    )
+    .await;
+    // An execution in flight when SIGTERM arrives finishes within the grace period.
+    let mut busy = daemon.connect().await;
+    let in_flight = tokio::spawn(async move {
+        busy.call(
+            "session.execute",
+            json!({"session_id": "keep", "code": "import time; time.sleep(0.5); 'finished'"}),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    daemon.signal(Signal::SIGTERM);
+    let result = in_flight.await.unwrap();
+    assert_eq!(result["status"], "ok", "{result}");
+    assert_eq!(result["result"]["repr"], "'finished'");
+    let code = tokio::task::spawn_blocking(move || {
+        let code = daemon.wait_exit(Duration::from_secs(30));
+        (code, daemon)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code.0, Some(0), "{}", code.1.log());
+    assert!(!code.1.socket.exists(), "the socket is removed at exit");
+    drop(code);
+
+    let daemon = Daemon::start_in(home.path(), &[], &[]).await;
+    let mut conn = daemon.connect().await;
+    let back = conn.call("session.create", json!({"name": "keep"})).await;
+    assert_eq!(back["restored"], true, "{back}");
+    let result = conn
+        .call(
+            "session.execute",
+            json!({"session_id": back["session_id"], "code": "bump(data)"}),
+        )
+        .await;
+    assert_eq!(result["result"]["repr"], "42", "{result}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_applies_a_new_min_idle_without_dropping_sessions() {
+    let home = tempfile::TempDir::new().unwrap();
+    let config = home.path().join("pyvisor.toml");
+    std::fs::write(&config, "[pool]\nmin_idle = 1\n").unwrap();
+    let daemon = Daemon::start_in(home.path(), &["--config", config.to_str().unwrap()], &[]).await;
+    let mut conn = daemon.connect().await;
+    let session = conn.call("session.create", json!({})).await["session_id"].clone();
+    conn.call(
+        "session.execute",
+        json!({"session_id": session, "code": "kept = 'yes'"}),
+    )
+    .await;
+
+    std::fs::write(&config, "[pool]\nmin_idle = 3\n").unwrap();
+    daemon.signal(Signal::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = conn.call("engine.stats", json!({})).await;
+        if stats["pool"]["idle"].as_u64().unwrap() >= 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "min_idle 3 never reached: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let result = conn
+        .call(
+            "session.execute",
+            json!({"session_id": session, "code": "kept"}),
+        )
+        .await;
+    assert_eq!(result["result"]["repr"], "'yes'");
+
+    // A broken file is refused and the daemon keeps its settings and serves on.
+    std::fs::write(&config, "[pool]\nmin_idel = 0\n").unwrap();
+    daemon.signal(Signal::SIGHUP);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(conn.call("engine.health", json!({})).await["status"], "ok");
+    assert!(daemon.log().contains("min_idel"), "{}", daemon.log());
+}
+
+#[test]
+fn stdio_speaks_json_rpc_and_exits_at_end_of_input() {
+    let home = tempfile::TempDir::new().unwrap();
+    let mut child = common::command(home.path())
+        .args(["serve", "--stdio"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut call = |request: Value| -> Value {
+        writeln!(stdin, "{request}").unwrap();
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let created = call(json!({"jsonrpc": "2.0", "id": 1, "method": "session.create"}));
+    let session = created["result"]["session_id"].clone();
+    let result = call(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "session.execute",
+        "params": {"session_id": session, "code": "print('out'); 6 * 7"}}),
+    );
+    assert_eq!(result["id"], 2);
+    assert_eq!(result["result"]["stdout"], "out\n");
+    assert_eq!(result["result"]["result"]["repr"], "42");
+    drop(stdin);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve --stdio did not exit at EOF"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+}
