@@ -540,3 +540,47 @@ async fn a_stale_socket_file_is_replaced() {
     let mut conn = daemon.connect().await;
     assert_eq!(conn.call("engine.health", json!({})).await["status"], "ok");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_applies_python_cwd_env_and_limits() {
+    let daemon = Daemon::start().await;
+    let mut conn = daemon.connect().await;
+    let cwd = daemon.home.join("work");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let session = create(
+        &mut conn,
+        json!({
+            "python": "python3",
+            "cwd": cwd,
+            "env": {"GREETING": "hej"},
+            "limits": {"open_files": 64, "timeout_s": 0.5, "output_bytes": 1000},
+        }),
+    )
+    .await;
+    let result = execute(
+        &mut conn,
+        &session,
+        "import os, resource\n(os.getcwd(), os.environ['GREETING'], resource.getrlimit(resource.RLIMIT_NOFILE)[0])",
+    )
+    .await;
+    let expected = format!("('{}', 'hej', 64)", cwd.canonicalize().unwrap().display());
+    assert_eq!(result["result"]["repr"], expected);
+    let slow = execute(&mut conn, &session, "import time; time.sleep(5)").await;
+    assert_eq!(slow["status"], "timeout");
+    let loud = execute(&mut conn, &session, "print('z' * 5000)").await;
+    assert!(loud["stdout"].as_str().unwrap().len() < 1500, "{loud}");
+
+    let (_, reply) = conn
+        .request("session.create", json!({"python": "/no/such/python"}))
+        .await;
+    assert_eq!(reply["error"]["code"], -32602);
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("python"));
+    let (_, reply) = conn
+        .request("session.create", json!({"cwd": "/no/such/dir"}))
+        .await;
+    assert_eq!(reply["error"]["code"], -32602);
+    assert!(reply["error"]["message"].as_str().unwrap().contains("cwd"));
+}

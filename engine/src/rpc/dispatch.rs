@@ -103,9 +103,21 @@ impl Dispatcher {
 
     async fn create(&self, params: wire::CreateParams) -> Result<wire::Created, RpcError> {
         let python = match params.python.as_deref() {
-            Some(python) => Some(self.engine.interpreter(python).await?),
+            Some(python) => Some(
+                self.engine
+                    .interpreter(python)
+                    .await
+                    .map_err(|err| RpcError::invalid_params(format!("python: {err}")))?,
+            ),
             None => None,
         };
+        if let Some(cwd) = &params.cwd {
+            if !std::path::Path::new(cwd).is_dir() {
+                return Err(RpcError::invalid_params(format!(
+                    "cwd: {cwd:?} is not a directory"
+                )));
+            }
+        }
         let limits = Some(self.limits(params.limits.unwrap_or_default())?);
         let options = SessionOptions {
             name: params.name,
