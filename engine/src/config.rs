@@ -1,7 +1,8 @@
 //! Settings of an embedded engine, with the defaults of SPEC.md §1; the daemon's TOML
-//! configuration, which maps onto them, is in [`file`].
+//! configuration is read in [`file`] and mapped onto them in [`resolve`].
 
 mod file;
+mod resolve;
 
 use std::path::PathBuf;
 use std::time::Duration;

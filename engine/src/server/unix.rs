@@ -1,9 +1,9 @@
 //! The Unix-socket listener of `pyvisor serve`: creates the socket (mode 0600, in a
-//! directory created 0700), refuses to take over a socket another daemon still answers on,
+//! directory created 0700, refusing one that another user could tamper with), refuses to take over a socket another daemon still answers on,
 //! replaces a stale one, and serves each accepted connection up to `max_connections`.
 
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -37,6 +37,7 @@ impl UnixServer {
                 .mode(0o700)
                 .create(dir)
                 .map_err(fail)?;
+            check_directory(dir).map_err(fail)?;
         }
         match std::fs::symlink_metadata(path) {
             Ok(meta) if meta.file_type().is_socket() => {
@@ -127,6 +128,27 @@ impl Drop for UnixServer {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// Refuses a directory where someone else could replace the socket: one owned by another
+/// user (root aside), or writable by everyone without the sticky bit.
+fn check_directory(dir: &Path) -> io::Result<()> {
+    let meta = std::fs::metadata(dir)?;
+    let owner = meta.uid();
+    if owner != 0 && owner != nix::unistd::geteuid().as_raw() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} belongs to another user (uid {owner})", dir.display()),
+        ));
+    }
+    let mode = meta.mode();
+    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} is writable by every user", dir.display()),
+        ));
+    }
+    Ok(())
 }
 
 /// Tells a connection over the limit why it is closed.
