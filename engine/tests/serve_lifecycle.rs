@@ -145,3 +145,61 @@ fn stdio_speaks_json_rpc_and_exits_at_end_of_input() {
     };
     assert_eq!(status.code(), Some(0));
 }
+
+/// The daemon as systemd sees it: a notify socket of our own collects what it sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_hears_ready_watchdog_pings_and_stopping_and_workers_do_not() {
+    let home = tempfile::TempDir::new().unwrap();
+    let notify_path = home.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let notify_str = notify_path.to_str().unwrap();
+    let mut daemon = Daemon::start_in(
+        home.path(),
+        &[],
+        &[("NOTIFY_SOCKET", notify_str), ("WATCHDOG_USEC", "200000")],
+    )
+    .await;
+    let mut received = Vec::new();
+    let mut read = |until: &str, received: &mut Vec<String>| {
+        let mut buffer = [0u8; 4096];
+        while !received.iter().any(|m| m.contains(until)) {
+            let n = notify
+                .recv(&mut buffer)
+                .expect("a notification within 30 s");
+            received.push(String::from_utf8_lossy(&buffer[..n]).into_owned());
+        }
+    };
+    read("READY=1", &mut received);
+    // Pings every 100 ms (half the interval): several arrive.
+    let pings_before = received.iter().filter(|m| m.contains("WATCHDOG=1")).count();
+    std::thread::sleep(Duration::from_millis(600));
+    let mut buffer = [0u8; 4096];
+    notify.set_nonblocking(true).unwrap();
+    while let Ok(n) = notify.recv(&mut buffer) {
+        received.push(String::from_utf8_lossy(&buffer[..n]).into_owned());
+    }
+    notify.set_nonblocking(false).unwrap();
+    let pings = received.iter().filter(|m| m.contains("WATCHDOG=1")).count() - pings_before;
+    assert!(pings >= 3, "{received:?}");
+
+    // A worker does not see the daemon's notify socket.
+    let mut conn = daemon.connect().await;
+    let session = conn.call("session.create", json!({})).await["session_id"].clone();
+    let seen = conn
+        .call(
+            "session.execute",
+            json!({"session_id": session, "code": "import os; (os.environ.get('NOTIFY_SOCKET'), os.environ.get('WATCHDOG_USEC'))"}),
+        )
+        .await;
+    assert_eq!(seen["result"]["repr"], "(None, None)");
+
+    daemon.signal(Signal::SIGTERM);
+    read("STOPPING=1", &mut received);
+    let code = tokio::task::spawn_blocking(move || daemon.wait_exit(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0));
+}

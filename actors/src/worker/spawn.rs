@@ -438,6 +438,15 @@ pub(crate) struct ChildPlan<'a> {
     pub rlimits: RlimitPlan,
 }
 
+/// Variables the service manager sets for the process it started, never for its children.
+const SERVICE_MANAGER_VARS: [&str; 5] = [
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+];
+
 /// The command that runs `python -I -u script args...` as `plan` says, in its own process
 /// group, with the death signal, no new privileges, its rlimits and only its own fds.
 pub(crate) fn child_command(plan: ChildPlan<'_>) -> std::process::Command {
@@ -452,6 +461,11 @@ pub(crate) fn child_command(plan: ChildPlan<'_>) -> std::process::Command {
         .stderr(plan.stderr)
         .envs(plan.env.iter().map(|(k, v)| (k, v)))
         .process_group(0);
+    // systemd's variables address the daemon alone: a worker must not ping its watchdog
+    // or report readiness for it.
+    for var in SERVICE_MANAGER_VARS {
+        command.env_remove(var);
+    }
     if let Some(cwd) = plan.cwd {
         command.current_dir(cwd);
     }
