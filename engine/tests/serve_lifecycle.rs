@@ -163,7 +163,7 @@ async fn systemd_hears_ready_watchdog_pings_and_stopping_and_workers_do_not() {
     )
     .await;
     let mut received = Vec::new();
-    let mut read = |until: &str, received: &mut Vec<String>| {
+    let read = |until: &str, received: &mut Vec<String>| {
         let mut buffer = [0u8; 4096];
         while !received.iter().any(|m| m.contains(until)) {
             let n = notify
