@@ -1,8 +1,10 @@
 //! The daemon side of pyvisor: `pyvisor serve` and the transports that carry the JSON-RPC
-//! of [`crate::rpc`] (a Unix socket, stdin/stdout), plus its systemd integration.
+//! of [`crate::rpc`] (a Unix socket, stdin/stdout, HTTP and WebSocket), plus its systemd
+//! integration.
 
 mod connection;
 pub mod daemon;
+pub mod http;
 mod stdio;
 pub mod systemd;
 mod unix;

@@ -1,0 +1,674 @@
+//! The HTTP server of SPEC.md §3 against a real engine with real Python workers, over real
+//! HTTP and WebSocket connections on 127.0.0.1.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use awc::error::WsProtocolError;
+use awc::ws;
+use futures::{Sink, SinkExt, Stream, StreamExt};
+use metrics_exporter_prometheus::PrometheusHandle;
+use pyvisor::rpc::Dispatcher;
+use pyvisor::server::http::{install_prometheus, HttpOptions, HttpServer};
+use pyvisor::{Engine, EngineConfig, PoolConfig, SessionLimits, StateConfig};
+use pyvisor_actors::metrics as names;
+use serde_json::{json, Value};
+
+const TOKEN: &str = "s3cret-token";
+/// The request limit of the test servers: small, so that an oversize body is cheap to send.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// An engine, a dispatcher over it and an HTTP server in front of them.
+struct Server {
+    engine: Engine,
+    dispatcher: Arc<Dispatcher>,
+    http: HttpServer,
+    ready: Arc<AtomicBool>,
+    token: Option<&'static str>,
+}
+
+/// The process-wide recorder, installed before any engine records anything.
+fn prometheus() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| install_prometheus().expect("the recorder installs"))
+        .clone()
+}
+
+async fn start() -> Server {
+    start_with(None).await
+}
+
+async fn start_with(token: Option<&'static str>) -> Server {
+    let metrics = prometheus();
+    let state_dir = tempfile::Builder::new()
+        .prefix("pyvisor-test-state-")
+        .tempdir()
+        .expect("a temporary directory")
+        .keep();
+    let config = EngineConfig {
+        pool: PoolConfig {
+            min_idle: 1,
+            max_idle: 2,
+            ..Default::default()
+        },
+        state: StateConfig {
+            dir: Some(state_dir),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let engine = Engine::start(config).await.expect("engine starts");
+    let dispatcher = Dispatcher::new(engine.clone(), SessionLimits::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let options = HttpOptions {
+        addr: "127.0.0.1:0".parse().expect("an address"),
+        token: token.map(str::to_owned),
+        max_request_bytes: MAX_REQUEST_BYTES,
+        metrics: Some(metrics),
+        ready: ready.clone(),
+    };
+    let http = HttpServer::start(dispatcher.clone(), options).expect("the server binds");
+    Server {
+        engine,
+        dispatcher,
+        http,
+        ready,
+        token,
+    }
+}
+
+impl Server {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http.local_addr())
+    }
+
+    fn ws_url(&self, path: &str) -> String {
+        format!("ws://{}{path}", self.http.local_addr())
+    }
+
+    /// A client that waits long enough for slow executions and sends the token, if any.
+    fn client(&self) -> awc::Client {
+        let builder = awc::Client::builder().timeout(Duration::from_secs(60));
+        match self.token {
+            Some(token) => builder.bearer_auth(token).finish(),
+            None => builder.finish(),
+        }
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self.client().get(self.url(path)).send().await;
+        read(response).await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let response = self.client().post(self.url(path)).send_json(&body).await;
+        read(response).await
+    }
+
+    async fn delete(&self, path: &str) -> (u16, Value) {
+        let response = self.client().delete(self.url(path)).send().await;
+        read(response).await
+    }
+
+    /// Creates a session; returns its id.
+    async fn create(&self) -> String {
+        let (status, created) = self.post("/v1/sessions", json!({})).await;
+        assert_eq!(status, 201, "{created}");
+        created["session_id"]
+            .as_str()
+            .expect("a session id")
+            .to_owned()
+    }
+
+    async fn execute(&self, id: &str, code: &str) -> Value {
+        let path = format!("/v1/sessions/{id}/execute");
+        let (status, result) = self.post(&path, json!({"code": code})).await;
+        assert_eq!(status, 200, "{result}");
+        result
+    }
+
+    async fn stop(self) {
+        self.http.stop(Duration::from_secs(5)).await;
+        drop(self.engine);
+    }
+}
+
+type Response = Result<awc::ClientResponse, awc::error::SendRequestError>;
+
+/// The status and the JSON body of a response.
+async fn read(response: Response) -> (u16, Value) {
+    let mut response = response.expect("the server answers");
+    let status = response.status().as_u16();
+    let body = response.body().await.expect("a body");
+    let value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    (status, value)
+}
+
+/// Waits until session `id` runs an execution.
+async fn wait_until_busy(server: &Server, id: &str) {
+    for _ in 0..600 {
+        let (_, info) = server.get(&format!("/v1/sessions/{id}")).await;
+        if info["state"] == "busy" {
+            return;
+        }
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("session {id} never became busy");
+}
+
+/// The `repr` of an execution's final value.
+fn repr(result: &Value) -> &str {
+    result["result"]["repr"].as_str().unwrap_or("<none>")
+}
+
+#[actix_rt::test]
+async fn session_lifecycle_over_rest() {
+    let server = start().await;
+    let id = server.create().await;
+
+    let first = server.execute(&id, "x = 41").await;
+    assert_eq!(first["status"], "ok", "{first}");
+    let second = server.execute(&id, "x + 1").await;
+    assert_eq!(repr(&second), "42", "{second}");
+
+    let (status, info) = server.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["session_id"], id.as_str());
+    assert_eq!(info["execution_count"], 2);
+
+    let (status, list) = server.get("/v1/sessions").await;
+    assert_eq!(status, 200, "{list}");
+    let ids: Vec<&str> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|info| info["session_id"].as_str())
+        .collect();
+    assert!(ids.contains(&id.as_str()), "{list}");
+
+    let (status, checkpoint) = server
+        .post(&format!("/v1/sessions/{id}/checkpoint"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{checkpoint}");
+    let checkpoint_id = checkpoint["checkpoint_id"]
+        .as_str()
+        .expect("a checkpoint id");
+    let (status, checkpoints) = server.get(&format!("/v1/sessions/{id}/checkpoints")).await;
+    assert_eq!(status, 200, "{checkpoints}");
+    // Automatic checkpoints may come before or after ours.
+    let listed = checkpoints.as_array().expect("a list");
+    assert!(
+        listed
+            .iter()
+            .any(|entry| entry["checkpoint_id"] == checkpoint_id),
+        "{checkpoints}"
+    );
+
+    server.execute(&id, "x = 0").await;
+    let (status, restored) = server
+        .post(
+            &format!("/v1/sessions/{id}/restore"),
+            json!({"checkpoint_id": checkpoint_id}),
+        )
+        .await;
+    assert_eq!(status, 200, "{restored}");
+    assert_eq!(repr(&server.execute(&id, "x").await), "41");
+
+    let (status, closed) = server.delete(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{closed}");
+    let (status, _) = server.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 404);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn interrupt_from_a_second_request_stops_a_sleep() {
+    let server = start().await;
+    let id = server.create().await;
+    let client = server.client();
+    let execute = client
+        .post(server.url(&format!("/v1/sessions/{id}/execute")))
+        .send_json(&json!({"code": "import time\ntime.sleep(30)"}));
+    let running = actix_rt::spawn(async move { read(execute.await).await });
+
+    // Interrupt once the sleep is under way; an interrupt before it would find nothing.
+    wait_until_busy(&server, &id).await;
+    actix_rt::time::sleep(Duration::from_millis(300)).await;
+    let (status, interrupted) = server
+        .post(&format!("/v1/sessions/{id}/interrupt"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{interrupted}");
+    assert_eq!(interrupted["interrupted"], true);
+
+    let (status, result) = running.await.expect("the request task ends");
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(result["status"], "interrupted", "{result}");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_python_error_is_a_result_not_an_http_error() {
+    let server = start().await;
+    let id = server.create().await;
+    let result = server.execute(&id, "1 / 0").await;
+    assert_eq!(result["status"], "error");
+    assert_eq!(result["error"]["type"], "ZeroDivisionError");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn unknown_session_is_404_with_code_32001() {
+    let server = start().await;
+    let (status, body) = server.get("/v1/sessions/no-such-session").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], -32001);
+    let (status, body) = server
+        .post("/v1/sessions/no-such-session/execute", json!({"code": "1"}))
+        .await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], -32001);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn malformed_json_body_is_400_parse_error() {
+    let server = start().await;
+    let response = server
+        .client()
+        .post(server.url("/v1/sessions"))
+        .insert_header(("content-type", "application/json"))
+        .send_body("{\"name\": ")
+        .await;
+    let (status, body) = read(response).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], -32700);
+
+    let (status, body) = server
+        .post("/v1/sessions/any/execute", json!({"cod": "1"}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], -32602);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn session_id_in_the_body_must_match_the_path() {
+    let server = start().await;
+    let id = server.create().await;
+    let path = format!("/v1/sessions/{id}/execute");
+    let (status, body) = server
+        .post(&path, json!({"session_id": "other", "code": "1"}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = server
+        .post(&path, json!({"session_id": id, "code": "1"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn oversize_body_is_413() {
+    let server = start().await;
+    let code = format!("x = '{}'", "a".repeat(MAX_REQUEST_BYTES));
+    let (status, body) = server
+        .post("/v1/sessions/any/execute", json!({"code": code}))
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], -32005);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn token_is_required_on_every_route_when_set() {
+    let server = start_with(Some(TOKEN)).await;
+    let anonymous = awc::Client::default();
+    for path in ["/v1/sessions", "/metrics", "/healthz", "/v1/sessions/s/ws"] {
+        let response = anonymous.get(server.url(path)).send().await;
+        let challenge = response
+            .as_ref()
+            .ok()
+            .and_then(|response| response.headers().get("www-authenticate").cloned());
+        let (status, body) = read(response).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        assert_eq!(body["error"]["code"], -32007, "{path}");
+        assert_eq!(
+            challenge.as_ref().and_then(|v| v.to_str().ok()),
+            Some("Bearer")
+        );
+    }
+    let wrong = anonymous
+        .get(server.url("/v1/sessions"))
+        .bearer_auth("s3cret-tokem")
+        .send()
+        .await;
+    assert_eq!(read(wrong).await.0, 401);
+    let (status, body) = server.get("/v1/sessions").await;
+    assert_eq!(status, 200, "{body}");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn metrics_show_the_spec_names_after_an_execution() {
+    let server = start().await;
+    let id = server.create().await;
+    server.execute(&id, "1 + 1").await;
+    server
+        .post(&format!("/v1/sessions/{id}/checkpoint"), json!({}))
+        .await;
+    let mut response = server
+        .client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status().as_u16(), 200);
+    let text = String::from_utf8_lossy(&response.body().await.expect("a body")).into_owned();
+    for name in [
+        names::EXECUTIONS_TOTAL,
+        names::EXECUTION_SECONDS,
+        names::SESSIONS,
+        names::POOL_ACQUIRE_SECONDS,
+        names::WORKER_SPAWN_SECONDS,
+        names::CHECKPOINT_SECONDS,
+        names::CHECKPOINT_BYTES,
+    ] {
+        assert!(text.contains(name), "{name} missing from:\n{text}");
+    }
+    assert!(
+        text.contains("pyvisor_executions_total{status=\"ok\"}"),
+        "{text}"
+    );
+    assert!(text.contains("pyvisor_execution_seconds_bucket"), "{text}");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn healthz_is_200_and_readyz_follows_the_ready_flag() {
+    let server = start().await;
+    assert_eq!(server.get("/healthz").await, (200, json!({"status": "ok"})));
+    assert_eq!(server.get("/readyz").await.0, 503);
+    server.ready.store(true, Ordering::SeqCst);
+    assert_eq!(server.get("/readyz").await.0, 200);
+    server.dispatcher.set_stopping();
+    assert_eq!(server.get("/readyz").await.0, 503);
+    assert_eq!(server.get("/healthz").await.0, 200);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn stats_and_health_are_served_under_v1() {
+    let server = start().await;
+    let (status, stats) = server.get("/v1/stats").await;
+    assert_eq!(status, 200, "{stats}");
+    assert!(stats["pool"]["max_total"].is_number(), "{stats}");
+    let (status, health) = server.get("/v1/health").await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(health["status"], "ok");
+    let (status, body) = server.get("/v1/nothing-here").await;
+    assert_eq!(status, 404, "{body}");
+    server.stop().await;
+}
+
+/// A connected WebSocket client.
+trait Socket:
+    Stream<Item = Result<ws::Frame, WsProtocolError>>
+    + Sink<ws::Message, Error = WsProtocolError>
+    + Unpin
+{
+}
+
+impl<T> Socket for T where
+    T: Stream<Item = Result<ws::Frame, WsProtocolError>>
+        + Sink<ws::Message, Error = WsProtocolError>
+        + Unpin
+{
+}
+
+async fn connect(server: &Server, id: &str) -> impl Socket {
+    let (_, socket) = server
+        .client()
+        .ws(server.ws_url(&format!("/v1/sessions/{id}/ws")))
+        .max_frame_size(4 * MAX_REQUEST_BYTES)
+        .connect()
+        .await
+        .expect("the WebSocket connects");
+    socket
+}
+
+async fn send(socket: &mut impl Socket, message: Value) {
+    socket
+        .send(ws::Message::Text(message.to_string().into()))
+        .await
+        .expect("the message is sent");
+}
+
+/// The next JSON text message; answers pings on the way.
+async fn receive(socket: &mut impl Socket) -> Value {
+    loop {
+        let frame = actix_rt::time::timeout(Duration::from_secs(60), socket.next())
+            .await
+            .expect("a message within 60 s")
+            .expect("the socket is open")
+            .expect("a valid frame");
+        match frame {
+            ws::Frame::Text(text) => return serde_json::from_slice(&text).expect("JSON"),
+            ws::Frame::Ping(bytes) => {
+                let _ = socket.send(ws::Message::Pong(bytes)).await;
+            }
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn websocket_streams_output_in_order_before_the_response() {
+    let server = start().await;
+    let id = server.create().await;
+    let mut socket = connect(&server, &id).await;
+    send(
+        &mut socket,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "session.execute", "params": {
+            "session_id": id, "code": "for i in range(5): print(i, flush=True)", "stream": true}}),
+    )
+    .await;
+    let mut streamed = String::new();
+    let response = loop {
+        let message = receive(&mut socket).await;
+        if message["id"] == 1 {
+            break message;
+        }
+        assert_eq!(message["method"], "session.output", "{message}");
+        assert_eq!(message["params"]["stream"], "stdout");
+        streamed.push_str(message["params"]["data"].as_str().expect("data"));
+    };
+    assert_eq!(streamed, "0\n1\n2\n3\n4\n");
+    assert_eq!(
+        response["result"]["stdout"], "0\n1\n2\n3\n4\n",
+        "{response}"
+    );
+
+    socket
+        .send(ws::Message::Ping("are you there".into()))
+        .await
+        .expect("a ping is sent");
+    let pong = actix_rt::time::timeout(Duration::from_secs(10), socket.next())
+        .await
+        .expect("a pong in time")
+        .expect("the socket is open")
+        .expect("a valid frame");
+    assert_eq!(pong, ws::Frame::Pong("are you there".into()));
+
+    socket
+        .send(ws::Message::Close(None))
+        .await
+        .expect("close is sent");
+    let closed = actix_rt::time::timeout(Duration::from_secs(10), socket.next())
+        .await
+        .expect("the close is answered");
+    assert!(
+        matches!(closed, Some(Ok(ws::Frame::Close(_)))),
+        "{closed:?}"
+    );
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn websocket_answers_input_on_the_same_socket() {
+    let server = start().await;
+    let id = server.create().await;
+    let mut socket = connect(&server, &id).await;
+    send(
+        &mut socket,
+        json!({"jsonrpc": "2.0", "id": "run", "method": "session.execute", "params": {
+            "session_id": id, "code": "name = input('who? ')\nprint('hi', name)",
+            "stream": true}}),
+    )
+    .await;
+    let request = loop {
+        let message = receive(&mut socket).await;
+        if message["method"] == "session.input_request" {
+            break message;
+        }
+        assert_ne!(message["id"], "run", "finished without asking: {message}");
+    };
+    assert_eq!(request["params"]["prompt"], "who? ");
+    let execution_id = request["params"]["execution_id"].clone();
+    send(
+        &mut socket,
+        json!({"jsonrpc": "2.0", "id": "answer", "method": "session.input", "params": {
+            "session_id": id, "execution_id": execution_id, "value": "ada"}}),
+    )
+    .await;
+    let mut answered = false;
+    let result = loop {
+        let message = receive(&mut socket).await;
+        if message["id"] == "answer" {
+            assert_eq!(message["result"], json!({}), "{message}");
+            answered = true;
+        } else if message["id"] == "run" {
+            break message;
+        }
+    };
+    assert!(
+        answered,
+        "session.input got no response before the execution ended"
+    );
+    let stdout = result["result"]["stdout"].as_str().expect("stdout");
+    assert!(stdout.contains("hi ada"), "{result}");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn websocket_message_over_the_limit_gets_an_error_and_a_close() {
+    let server = start().await;
+    let mut socket = connect(&server, "any").await;
+    let code = "a".repeat(MAX_REQUEST_BYTES + 1);
+    send(
+        &mut socket,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "session.execute",
+               "params": {"session_id": "any", "code": code}}),
+    )
+    .await;
+    let error = receive(&mut socket).await;
+    assert_eq!(error["error"]["code"], -32600, "{error}");
+    let closed = actix_rt::time::timeout(Duration::from_secs(10), socket.next())
+        .await
+        .expect("the socket closes");
+    assert!(
+        matches!(closed, Some(Ok(ws::Frame::Close(Some(ref reason)))) if reason.code == ws::CloseCode::Size),
+        "{closed:?}"
+    );
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn stop_closes_websockets_and_releases_the_port() {
+    let server = start().await;
+    let mut socket = connect(&server, "any").await;
+    let addr = server.http.local_addr();
+    let engine = server.engine.clone();
+    server.stop().await;
+    let closed = actix_rt::time::timeout(Duration::from_secs(10), socket.next())
+        .await
+        .expect("the socket closes");
+    assert!(
+        matches!(closed, Some(Ok(ws::Frame::Close(Some(ref reason)))) if reason.code == ws::CloseCode::Away),
+        "{closed:?}"
+    );
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "still listening"
+    );
+    drop(engine);
+}
+
+#[actix_rt::test]
+async fn stop_lets_a_running_request_finish_within_the_grace() {
+    let server = start().await;
+    let id = server.create().await;
+    let execute = server
+        .client()
+        .post(server.url(&format!("/v1/sessions/{id}/execute")))
+        .send_json(&json!({"code": "import time\ntime.sleep(1)\n'done'"}));
+    let running = actix_rt::spawn(async move { read(execute.await).await });
+    wait_until_busy(&server, &id).await;
+    server.http.stop(Duration::from_secs(30)).await;
+    let (status, result) = running.await.expect("the request task ends");
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(repr(&result), "'done'", "{result}");
+}
+
+#[actix_rt::test]
+async fn stop_gives_up_on_requests_that_outlast_the_grace() {
+    let server = start().await;
+    let id = server.create().await;
+    let execute = server
+        .client()
+        .post(server.url(&format!("/v1/sessions/{id}/execute")))
+        .send_json(&json!({"code": "import time\ntime.sleep(30)"}));
+    let running = actix_rt::spawn(async move { execute.await.map(|r| r.status()) });
+    wait_until_busy(&server, &id).await;
+    actix_rt::time::timeout(
+        Duration::from_secs(20),
+        server.http.stop(Duration::from_millis(500)),
+    )
+    .await
+    .expect("stop returns soon after its grace");
+    let outcome = actix_rt::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the request is cut off");
+    assert!(
+        matches!(outcome, Ok(Err(_))),
+        "the request should fail: {outcome:?}"
+    );
+}
+
+#[actix_rt::test]
+async fn stop_lets_a_websocket_execution_finish_then_closes_the_socket() {
+    let server = start().await;
+    let id = server.create().await;
+    let mut socket = connect(&server, &id).await;
+    send(
+        &mut socket,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "session.execute", "params": {
+            "session_id": id, "code": "import time\ntime.sleep(1)\n'done'"}}),
+    )
+    .await;
+    wait_until_busy(&server, &id).await;
+    let stopping = actix_rt::spawn(server.http.stop(Duration::from_secs(30)));
+    let response = receive(&mut socket).await;
+    assert_eq!(response["id"], 1, "{response}");
+    assert_eq!(response["result"]["result"]["repr"], "'done'", "{response}");
+    let closed = actix_rt::time::timeout(Duration::from_secs(10), socket.next())
+        .await
+        .expect("the socket closes");
+    assert!(
+        matches!(closed, Some(Ok(ws::Frame::Close(Some(ref reason)))) if reason.code == ws::CloseCode::Away),
+        "{closed:?}"
+    );
+    stopping.await.expect("stop completes");
+}
