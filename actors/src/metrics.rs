@@ -102,3 +102,66 @@ pub(crate) fn checkpoint_written(elapsed: Duration, bytes: u64) {
 pub(crate) fn worker_spawned(elapsed: Duration) {
     histogram!(WORKER_SPAWN_SECONDS).record(elapsed.as_secs_f64());
 }
+
+/// Describes every metric to the installed recorder and starts each counter at zero, so
+/// that a scrape shows every series from the start rather than from its first event. Call
+/// it once after installing a recorder.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(EXECUTIONS_TOTAL, "Executions that ended, by status.");
+    describe_histogram!(
+        EXECUTION_SECONDS,
+        Unit::Seconds,
+        "Time an execution ran on its worker."
+    );
+    describe_gauge!(SESSIONS, "Live sessions, by state.");
+    describe_histogram!(
+        POOL_ACQUIRE_SECONDS,
+        Unit::Seconds,
+        "Time a new session waited for a worker."
+    );
+    describe_counter!(
+        POOL_HITS_TOTAL,
+        "Acquires answered at once by a ready worker."
+    );
+    describe_counter!(
+        POOL_MISSES_TOTAL,
+        "Acquires that waited for a worker to start."
+    );
+    describe_histogram!(
+        WORKER_SPAWN_SECONDS,
+        Unit::Seconds,
+        "Time from spawn to a ready worker."
+    );
+    describe_counter!(
+        WORKER_CRASHES_TOTAL,
+        "Workers that died while their session wanted them."
+    );
+    describe_counter!(RESTORES_TOTAL, "Namespaces brought back from a checkpoint.");
+    describe_histogram!(
+        CHECKPOINT_SECONDS,
+        Unit::Seconds,
+        "Time to take and store a checkpoint."
+    );
+    describe_histogram!(CHECKPOINT_BYTES, Unit::Bytes, "Size of stored checkpoints.");
+    for status in [
+        ExecutionStatus::Ok,
+        ExecutionStatus::Error,
+        ExecutionStatus::Timeout,
+        ExecutionStatus::Interrupted,
+        ExecutionStatus::Crashed,
+    ] {
+        counter!(EXECUTIONS_TOTAL, "status" => status.as_str()).increment(0);
+    }
+    for name in [
+        POOL_HITS_TOTAL,
+        POOL_MISSES_TOTAL,
+        WORKER_CRASHES_TOTAL,
+        RESTORES_TOTAL,
+    ] {
+        counter!(name).increment(0);
+    }
+    for state in ["idle", "busy", "restarting"] {
+        gauge!(SESSIONS, "state" => state).increment(0.0);
+    }
+}

@@ -79,6 +79,12 @@ pub enum ServeError {
     /// Another daemon answers on the socket.
     #[error("listen on {}: another pyvisor daemon is serving there", path.display())]
     InUse { path: PathBuf },
+    /// The HTTP server could not bind its address.
+    #[error("serve HTTP on {addr}: {source}")]
+    Http {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     /// The engine did not start.
     #[error(transparent)]
     Engine(EngineError),

@@ -9,4 +9,4 @@ mod stdio;
 pub mod systemd;
 mod unix;
 
-pub use daemon::{serve, Listen, Reload, Reloader, ServeOptions};
+pub use daemon::{serve, HttpListen, Listen, Reload, Reloader, ServeOptions};

@@ -203,3 +203,73 @@ async fn systemd_hears_ready_watchdog_pings_and_stopping_and_workers_do_not() {
         .unwrap();
     assert_eq!(code, Some(0));
 }
+
+/// A plain HTTP/1.1 GET; the status code and the body.
+async fn http_get(port: u16, path: &str, token: Option<&str>) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_http_exposes_probes_and_prometheus_metrics_behind_the_token() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let daemon =
+        Daemon::start_with(&["--http", &addr], &[("PYVISOR_SERVER__TOKEN", "s3cret")]).await;
+    let mut conn = daemon.connect().await;
+    let session = conn.call("session.create", json!({})).await["session_id"].clone();
+    conn.call(
+        "session.execute",
+        json!({"session_id": session, "code": "print('hi')"}),
+    )
+    .await;
+
+    assert_eq!(http_get(port, "/healthz", None).await.0, 401);
+    assert_eq!(http_get(port, "/metrics", Some("wrong")).await.0, 401);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get(port, "/readyz", Some("s3cret")).await.0 != 200 {
+        assert!(Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, metrics) = http_get(port, "/metrics", Some("s3cret")).await;
+    assert_eq!(status, 200);
+    // Counters and gauges show from the start; histograms once something was measured.
+    for name in [
+        "pyvisor_executions_total{status=\"ok\"} 1",
+        "pyvisor_executions_total{status=\"crashed\"} 0",
+        "pyvisor_execution_seconds",
+        "pyvisor_sessions{state=\"idle\"}",
+        "pyvisor_pool_acquire_seconds",
+        "pyvisor_pool_hits_total",
+        "pyvisor_pool_misses_total",
+        "pyvisor_worker_spawn_seconds",
+        "pyvisor_worker_crashes_total 0",
+        "pyvisor_restores_total 0",
+        "# HELP pyvisor_checkpoint_seconds",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
+    }
+    let (status, body) = http_get(port, "/v1/sessions", Some("s3cret")).await;
+    assert_eq!(status, 200);
+    assert!(body.contains(session.as_str().unwrap()), "{body}");
+}

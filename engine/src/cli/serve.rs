@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use pyvisor::config::Settings;
-use pyvisor::server::{self, Listen, Reload, ServeOptions};
+use pyvisor::server::{self, HttpListen, Listen, Reload, ServeOptions};
 
 use super::EXIT_USAGE;
 
@@ -39,6 +39,10 @@ pub async fn run(args: ServeArgs) -> u8 {
         settings.server.socket = socket;
     }
     if let Some(http) = args.http {
+        if http.parse::<std::net::SocketAddr>().is_err() {
+            eprintln!("pyvisor: --http expects an address such as 127.0.0.1:8787, got {http:?}");
+            return EXIT_USAGE;
+        }
         settings.server.http = http;
     }
     let listen = if args.stdio {
@@ -53,6 +57,10 @@ pub async fn run(args: ServeArgs) -> u8 {
         max_connections: settings.server.max_connections,
         shutdown_grace: settings.shutdown_grace(),
         watchdog: settings.server.watchdog,
+        http: settings.http_addr().map(|addr| HttpListen {
+            addr,
+            token: settings.token().map(str::to_owned),
+        }),
     };
     // SIGHUP reads the file found at start again (or searches again if there was none).
     let config = args.config.or(loaded.source);

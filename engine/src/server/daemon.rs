@@ -4,6 +4,7 @@
 //! let running executions finish within the grace period, checkpoint every session, close
 //! the connections once their answers are written, and return.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
+use super::http::{install_prometheus, HttpOptions, HttpServer};
 use super::stdio::serve_stdio;
 use super::systemd;
 use super::unix::UnixServer;
@@ -42,6 +44,16 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// Ping systemd's watchdog when it asks for pings.
     pub watchdog: bool,
+    /// Also serve HTTP (SPEC.md §3).
+    pub http: Option<HttpListen>,
+}
+
+/// Where and how the HTTP API is served.
+#[derive(Debug, Clone)]
+pub struct HttpListen {
+    pub addr: SocketAddr,
+    /// The bearer token every request must carry, if any.
+    pub token: Option<String>,
 }
 
 /// The settings a SIGHUP applies to the running daemon.
@@ -100,6 +112,15 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
     }
 
     let ready = Arc::new(AtomicBool::new(false));
+    let http = match options.http {
+        Some(listen) => Some(start_http(
+            listen,
+            dispatcher.clone(),
+            options.max_request_bytes,
+            ready.clone(),
+        )?),
+        None => None,
+    };
     let warming = {
         let (engine, ready) = (engine.clone(), ready.clone());
         tokio::spawn(async move {
@@ -143,8 +164,43 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
     })
     .await;
     drop(listener);
+    if let Some(http) = http {
+        http.stop(Duration::from_secs(5)).await;
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Starts the HTTP server, with `/metrics` from a Prometheus recorder installed now.
+fn start_http(
+    listen: HttpListen,
+    dispatcher: Arc<Dispatcher>,
+    max_request_bytes: usize,
+    ready: Arc<AtomicBool>,
+) -> Result<HttpServer, ServeError> {
+    let metrics = match install_prometheus() {
+        Ok(handle) => {
+            pyvisor_actors::metrics::describe();
+            Some(handle)
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "no /metrics: the Prometheus recorder did not install");
+            None
+        }
+    };
+    let options = HttpOptions {
+        addr: listen.addr,
+        token: listen.token,
+        max_request_bytes,
+        metrics,
+        ready,
+    };
+    let server = HttpServer::start(dispatcher, options).map_err(|source| ServeError::Http {
+        addr: listen.addr,
+        source,
+    })?;
+    tracing::info!(addr = %server.local_addr(), "serving HTTP");
+    Ok(server)
 }
 
 /// Waits until the pool holds `min_idle` ready workers, or [`WARM_WAIT`] has passed.
