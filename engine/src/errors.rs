@@ -92,3 +92,28 @@ pub enum ServeError {
     #[error("install signal handlers: {0}")]
     Signals(std::io::Error),
 }
+
+/// Why a [`crate::client::Client`] call failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The daemon's socket could not be reached.
+    #[error("connect to {}: {source}", path.display())]
+    Connect {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The connection failed with this I/O error before the call was made.
+    #[error("talk to the server: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server answered with this error object (its code is kept).
+    #[error("call the server: {0}")]
+    Rpc(#[from] crate::rpc::RpcError),
+    /// The server sent something this client does not understand.
+    #[error("understand the server: {0}")]
+    Protocol(String),
+    /// The connection ended before the response arrived.
+    #[error("hear from the server: the connection closed")]
+    Closed,
+}

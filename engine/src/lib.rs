@@ -16,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod client;
 pub mod config;
 mod engine;
 pub mod errors;

@@ -29,5 +29,9 @@ fn main() -> ExitCode {
             return ExitCode::from(cli::EXIT_USAGE);
         }
     };
-    ExitCode::from(runtime.block_on(cli::run(args)))
+    let status = runtime.block_on(cli::run(args));
+    // A read of stdin for an `input()` that was interrupted may still be waiting for a line:
+    // do not wait for it.
+    runtime.shutdown_background();
+    ExitCode::from(status)
 }

@@ -1,45 +1,36 @@
-//! `pyvisor exec`: run code once in an embedded engine, streaming output live, answering
-//! `input()` from stdin, and exiting with a status that says how the code ended.
+//! `pyvisor exec`: run code once, in the daemon when its socket answers (in a temporary
+//! session, or the named one with `--session`), else in an engine embedded for this one call;
+//! stream output live, answer `input()` from stdin, and exit with a status that says how the
+//! code ended.
 
-use std::io::{self, BufRead, Read, Write};
+use std::io::{self, BufRead, Read};
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
-use futures::StreamExt;
-use pyvisor::{
-    Engine, EngineConfig, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
-    OutputStream, PoolConfig, Session, StateConfig,
-};
+use clap::Args;
+use pyvisor::ExecutionStatus;
 
+use super::backend::{find_daemon, Backend};
+use super::drive::{drive, exit_status, report, write_flush, Answer, Console, Format};
 use super::EXIT_USAGE;
 
 /// Arguments of `pyvisor exec`.
 #[derive(Debug, Args)]
 pub struct ExecArgs {
+    /// Run in the daemon's session NAME (created on first use), which keeps its state
+    /// between calls. Needs a running daemon.
+    #[arg(long, value_name = "NAME")]
+    session: Option<String>,
     /// Wall-clock limit in seconds (default: `limits.timeout_s`, 30).
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
     /// `text` streams output live; `json` prints only the result object.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
+    /// Say on stderr whether the daemon or an embedded engine runs the code.
+    #[arg(long)]
+    verbose: bool,
     /// The code to run; `-` or nothing reads it from stdin.
     code: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Format {
-    Text,
-    Json,
-}
-
-/// The exit status for an execution outcome (SPEC.md §1).
-pub fn exit_status(status: ExecutionStatus) -> u8 {
-    match status {
-        ExecutionStatus::Ok => 0,
-        ExecutionStatus::Error => 1,
-        ExecutionStatus::Timeout | ExecutionStatus::Interrupted => 3,
-        ExecutionStatus::Crashed => 4,
-    }
 }
 
 pub async fn run(args: ExecArgs) -> u8 {
@@ -54,97 +45,83 @@ pub async fn run(args: ExecArgs) -> u8 {
             (code, false)
         }
     };
-    let mut request = ExecuteRequest::new(code);
-    request.input = stdin_free;
-    if let Some(secs) = args.timeout {
-        match Duration::try_from_secs_f64(secs) {
-            Ok(timeout) if secs > 0.0 => request.timeout = Some(timeout),
-            _ => {
-                eprintln!("pyvisor: --timeout must be a positive number of seconds, got {secs}");
+    let timeout = match args.timeout.map(|secs| (secs, Duration::try_from_secs_f64(secs))) {
+        None => None,
+        Some((secs, Ok(timeout))) if secs > 0.0 => Some(timeout),
+        Some((secs, _)) => {
+            eprintln!("pyvisor: --timeout must be a positive number of seconds, got {secs}");
+            return EXIT_USAGE;
+        }
+    };
+    let backend = match find_daemon().await {
+        Ok(daemon) => {
+            if args.verbose {
+                eprintln!("pyvisor: using the daemon at {}", daemon.socket.display());
+            }
+            Backend::daemon(daemon, args.session.as_deref()).await
+        }
+        Err(absent) => {
+            if args.session.is_some() {
+                // Without a daemon the session would end with this call: the state the
+                // caller asked to keep would be lost without a word.
+                eprintln!("pyvisor: --session needs a running daemon: {absent}");
                 return EXIT_USAGE;
             }
+            if args.verbose {
+                eprintln!("pyvisor: {absent}; running an embedded engine");
+            }
+            Backend::embedded().await
         }
-    }
-    // One call, one session: ready workers or a zygote would only cost time.
-    let config = EngineConfig {
-        pool: PoolConfig {
-            min_idle: 0,
-            ..PoolConfig::default()
-        },
-        zygote: false,
-        state: StateConfig {
-            enabled: false,
-            ..StateConfig::default()
-        },
-        ..EngineConfig::default()
     };
-    let engine = match Engine::start(config).await {
-        Ok(engine) => engine,
+    let backend = match backend {
+        Ok(backend) => backend,
         Err(err) => {
             eprintln!("pyvisor: failed to {err}");
             return EXIT_USAGE;
         }
     };
-    let session = match engine.create_session(Default::default()).await {
-        Ok(session) => session,
-        Err(err) => {
-            eprintln!("pyvisor: failed to create a session: {err}");
-            return EXIT_USAGE;
-        }
+    if args.verbose {
+        eprintln!("pyvisor: session {}", backend.session_id());
+    }
+    let mut console = StdinConsole {
+        free: stdin_free,
+        show_prompts: args.format == Format::Text,
     };
-    match drive(&session, request, args.format).await {
+    let status = match drive(&backend, code, timeout, args.format, &mut console).await {
         Ok(result) => {
-            let status = exit_status(result.status);
             report(&result, args.format);
-            status
+            exit_status(result.status)
         }
         Err(err) => {
             eprintln!("pyvisor: failed to {err}");
             exit_status(ExecutionStatus::Crashed)
         }
+    };
+    if let Err(err) = backend.finish().await {
+        eprintln!("pyvisor: failed to close the session: {err}");
     }
+    status
 }
 
-/// Streams the events of one execution to the terminal; Ctrl-C interrupts the code.
-async fn drive(
-    session: &Session,
-    request: ExecuteRequest,
-    format: Format,
-) -> Result<ExecutionResult, pyvisor::EngineError> {
-    let mut execution = session.execute(request).await?;
-    let execution_id = execution.id().to_owned();
-    loop {
-        let event = tokio::select! {
-            event = execution.next() => event,
-            _ = tokio::signal::ctrl_c() => {
-                session.interrupt().await?;
-                continue;
-            }
-        };
-        match event {
-            Some(ExecutionEvent::Output { stream, data }) if format == Format::Text => {
-                let _ = match stream {
-                    OutputStream::Stdout => write_flush(&mut io::stdout(), &data),
-                    OutputStream::Stderr => write_flush(&mut io::stderr(), &data),
-                };
-            }
-            Some(ExecutionEvent::InputRequest { prompt, .. }) => {
-                if format == Format::Text {
-                    let _ = write_flush(&mut io::stdout(), &prompt);
-                }
-                let line = tokio::task::spawn_blocking(read_line).await.ok().flatten();
-                session.send_input(&execution_id, line).await?;
-            }
-            Some(ExecutionEvent::Finished(result)) => return Ok(*result),
-            Some(_) => {}
-            None => return Err(pyvisor::EngineError::Stopped),
+/// Answers `input()` from stdin, when the code did not come from there.
+struct StdinConsole {
+    free: bool,
+    show_prompts: bool,
+}
+
+impl Console for StdinConsole {
+    async fn answer(&mut self, prompt: &str, _password: bool) -> Answer {
+        if !self.free {
+            return Answer::Eof;
+        }
+        if self.show_prompts {
+            let _ = write_flush(&mut io::stdout(), prompt);
+        }
+        match tokio::task::spawn_blocking(read_line).await {
+            Ok(Some(line)) => Answer::Line(line),
+            _ => Answer::Eof,
         }
     }
-}
-
-fn write_flush(out: &mut impl Write, data: &str) -> io::Result<()> {
-    out.write_all(data.as_bytes())?;
-    out.flush()
 }
 
 /// One line from stdin without its newline; `None` at end of input.
@@ -160,34 +137,6 @@ fn read_line() -> Option<String> {
                 }
             }
             Some(line)
-        }
-    }
-}
-
-/// Prints what the streamed output did not already show.
-fn report(result: &ExecutionResult, format: Format) {
-    if format == Format::Json {
-        match serde_json::to_string(result) {
-            Ok(json) => println!("{json}"),
-            Err(err) => eprintln!("pyvisor: failed to encode the result: {err}"),
-        }
-        return;
-    }
-    for display in &result.display {
-        if display.mime == "text/plain" {
-            println!("{}", display.data);
-        } else {
-            println!("[{} output, {} bytes]", display.mime, display.data.len());
-        }
-    }
-    if let Some(value) = &result.result {
-        println!("{}", value.repr);
-    }
-    if let Some(error) = &result.error {
-        if error.traceback.is_empty() {
-            eprintln!("{}: {}", error.type_name, error.message);
-        } else {
-            eprint!("{}", error.traceback.concat());
         }
     }
 }

@@ -1,13 +1,19 @@
 //! Command-line parsing and dispatch; each command lives in its own module.
 
+mod backend;
+mod block;
 mod config;
+mod drive;
 mod exec;
+mod lines;
+mod repl;
 mod serve;
 
 use clap::{Parser, Subcommand};
 
 pub use config::ConfigCommand;
 pub use exec::ExecArgs;
+pub use repl::ReplArgs;
 pub use serve::ServeArgs;
 
 /// Exit status for usage and configuration errors (SPEC.md §1).
@@ -25,6 +31,8 @@ pub struct Cli {
 enum Command {
     /// Run Python code and stream its output.
     Exec(ExecArgs),
+    /// Read, run and print Python statements interactively.
+    Repl(ReplArgs),
     /// Check the configuration.
     Config {
         #[command(subcommand)]
@@ -38,6 +46,7 @@ enum Command {
 pub async fn run(cli: Cli) -> u8 {
     match cli.command {
         Command::Exec(args) => exec::run(args).await,
+        Command::Repl(args) => repl::run(args).await,
         Command::Config { command } => config::run(command),
         Command::Serve(args) => serve::run(args).await,
     }

@@ -1,0 +1,248 @@
+//! Where the command line runs code: a session of the daemon whose socket answers, through
+//! [`pyvisor::client`], or a session of an engine embedded in this process for the one
+//! command. `exec` and `repl` use both through [`Backend`] and see one event type,
+//! [`ExecutionEvent`], so that they are written once.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use pyvisor::client::{Client, ClientError, ClientExecution, Event};
+use pyvisor::rpc::wire::{CreateParams, ExecuteParams};
+use pyvisor::{
+    Engine, EngineConfig, EngineError, ExecuteRequest, ExecutionEvent, Execution, PoolConfig,
+    Session, StateConfig,
+};
+use thiserror::Error;
+
+/// How long the daemon's socket may take to answer `engine.health` before the command runs
+/// an embedded engine instead.
+const DAEMON_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why a command could not run code where it wanted to.
+#[derive(Debug, Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Daemon(#[from] ClientError),
+    #[error(transparent)]
+    Embedded(#[from] EngineError),
+    /// An execution's events stopped before its result (the engine went away).
+    #[error("follow the execution: its events ended before its result")]
+    Ended,
+}
+
+/// A daemon that answered, and where.
+pub struct Daemon {
+    pub client: Client,
+    pub socket: PathBuf,
+}
+
+/// Why no daemon will run the code.
+#[derive(Debug, Error)]
+#[error("no daemon at {} ({reason})", socket.display())]
+pub struct NoDaemon {
+    pub socket: PathBuf,
+    pub reason: String,
+}
+
+/// The daemon at the configured socket, when it answers `engine.health` with `ok` in time.
+pub async fn find_daemon() -> Result<Daemon, NoDaemon> {
+    let socket = daemon_socket();
+    let probe = async {
+        let client = Client::connect(&socket).await?;
+        let health = client.health().await?;
+        Ok::<_, ClientError>((client, health))
+    };
+    let reason = match tokio::time::timeout(DAEMON_PROBE_TIMEOUT, probe).await {
+        Ok(Ok((client, health))) if health.status == "ok" => {
+            return Ok(Daemon { client, socket });
+        }
+        Ok(Ok((_, health))) => format!("it is {}", health.status),
+        Ok(Err(ClientError::Connect { source, .. })) => source.to_string(),
+        Ok(Err(err)) => format!("failed to {err}"),
+        Err(_) => format!(
+            "it did not answer within {} s",
+            DAEMON_PROBE_TIMEOUT.as_secs()
+        ),
+    };
+    Err(NoDaemon { socket, reason })
+}
+
+/// The daemon's socket: `$PYVISOR_SERVER__SOCKET`, else the default of SPEC.md §1,
+/// `$XDG_RUNTIME_DIR/pyvisor/pyvisor.sock`, else `~/.pyvisor/pyvisor.sock`.
+fn daemon_socket() -> PathBuf {
+    let var = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
+    if let Some(socket) = var("PYVISOR_SERVER__SOCKET") {
+        return PathBuf::from(socket);
+    }
+    if let Some(runtime) = var("XDG_RUNTIME_DIR") {
+        return PathBuf::from(runtime).join("pyvisor").join("pyvisor.sock");
+    }
+    let home = var("HOME").map(PathBuf::from).unwrap_or_default();
+    home.join(".pyvisor").join("pyvisor.sock")
+}
+
+/// One session to run code in, on the daemon or embedded.
+pub enum Backend {
+    Daemon {
+        client: Client,
+        session_id: String,
+        /// A named session outlives the command; a temporary one is closed by [`Self::finish`].
+        keep: bool,
+    },
+    Embedded {
+        session: Session,
+        /// Keeps the engine, and so the session's worker, alive; dropped after `session`.
+        _engine: Engine,
+    },
+}
+
+impl Backend {
+    /// A new session of `daemon`, or its session `name` (created on first use).
+    pub async fn daemon(daemon: Daemon, name: Option<&str>) -> Result<Backend, BackendError> {
+        let params = CreateParams {
+            name: name.map(str::to_owned),
+            ..CreateParams::default()
+        };
+        let created = daemon.client.create_session(params).await?;
+        Ok(Backend::Daemon {
+            client: daemon.client,
+            session_id: created.session_id,
+            keep: name.is_some(),
+        })
+    }
+
+    /// A session of an engine started for this command alone.
+    pub async fn embedded() -> Result<Backend, BackendError> {
+        // One session for one command: ready workers, a zygote or checkpoints would only
+        // cost time.
+        let config = EngineConfig {
+            pool: PoolConfig {
+                min_idle: 0,
+                ..PoolConfig::default()
+            },
+            zygote: false,
+            state: StateConfig {
+                enabled: false,
+                ..StateConfig::default()
+            },
+            ..EngineConfig::default()
+        };
+        let engine = Engine::start(config).await?;
+        let session = engine.create_session(Default::default()).await?;
+        Ok(Backend::Embedded {
+            session,
+            _engine: engine,
+        })
+    }
+
+    /// The session's id.
+    pub fn session_id(&self) -> &str {
+        match self {
+            Backend::Daemon { session_id, .. } => session_id,
+            Backend::Embedded { session, .. } => session.id(),
+        }
+    }
+
+    /// Starts `code`; its `input()` calls come back as events to answer.
+    pub async fn execute(
+        &self,
+        code: String,
+        timeout: Option<Duration>,
+    ) -> Result<Run, BackendError> {
+        match self {
+            Backend::Daemon {
+                client, session_id, ..
+            } => {
+                let params = ExecuteParams {
+                    timeout_s: timeout.map(|timeout| timeout.as_secs_f64()),
+                    ..ExecuteParams::new(session_id, code)
+                };
+                Ok(Run::Daemon(client.execute_streaming(params).await?))
+            }
+            Backend::Embedded { session, .. } => {
+                let mut request = ExecuteRequest::new(code).with_input();
+                request.timeout = timeout;
+                Ok(Run::Embedded(session.execute(request).await?))
+            }
+        }
+    }
+
+    /// Answers the pending `input()` of `run`; `None` raises `EOFError`.
+    pub async fn send_input(&self, run: &Run, value: Option<String>) -> Result<(), BackendError> {
+        let Some(execution_id) = run.execution_id() else {
+            // An input request is an event, so the id is known by now.
+            return Ok(());
+        };
+        match self {
+            Backend::Daemon {
+                client, session_id, ..
+            } => Ok(client.send_input(session_id, execution_id, value).await?),
+            Backend::Embedded { session, .. } => {
+                Ok(session.send_input(execution_id, value).await?)
+            }
+        }
+    }
+
+    /// Raises `KeyboardInterrupt` in the running code.
+    pub async fn interrupt(&self) -> Result<bool, BackendError> {
+        match self {
+            Backend::Daemon {
+                client, session_id, ..
+            } => Ok(client.interrupt(session_id).await?),
+            Backend::Embedded { session, .. } => Ok(session.interrupt().await?),
+        }
+    }
+
+    /// Closes a temporary daemon session; a named one stays, an embedded one ends with the
+    /// engine.
+    pub async fn finish(self) -> Result<(), BackendError> {
+        if let Backend::Daemon {
+            client,
+            session_id,
+            keep: false,
+        } = self
+        {
+            client.close(&session_id, false).await?;
+        }
+        Ok(())
+    }
+}
+
+/// One execution's events, from either kind of session.
+pub enum Run {
+    Daemon(ClientExecution),
+    Embedded(Execution),
+}
+
+impl Run {
+    /// The next event; `None` after `Finished`.
+    pub async fn next(&mut self) -> Option<Result<ExecutionEvent, BackendError>> {
+        match self {
+            Run::Daemon(execution) => {
+                let event = match execution.next().await? {
+                    Ok(event) => event,
+                    Err(err) => return Some(Err(err.into())),
+                };
+                Some(Ok(match event {
+                    Event::Output { stream, data } => ExecutionEvent::Output { stream, data },
+                    Event::InputRequest {
+                        prompt, password, ..
+                    } => ExecutionEvent::InputRequest { prompt, password },
+                    Event::Display { mime, data } => {
+                        ExecutionEvent::Display(pyvisor::DisplayData { mime, data })
+                    }
+                    Event::Finished(result) => ExecutionEvent::Finished(result),
+                }))
+            }
+            Run::Embedded(execution) => execution.next().await.map(Ok),
+        }
+    }
+
+    fn execution_id(&self) -> Option<&str> {
+        match self {
+            Run::Daemon(execution) => execution.execution_id(),
+            Run::Embedded(execution) => Some(execution.id()),
+        }
+    }
+}
