@@ -1,11 +1,31 @@
 //! `pyvisor exec` through the real binary: streaming, input from stdin, JSON output and the
-//! exit statuses of SPEC.md §1.
+//! exit statuses of SPEC.md §1, in an embedded engine and through a daemon.
+
+mod common;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
+use common::Daemon;
+
+/// A socket no daemon listens on, so that `exec` runs embedded whatever runs on this host.
+const NO_DAEMON: &str = "/nonexistent/pyvisor-test/pyvisor.sock";
+
 fn exec(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pyvisor"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pyvisor"));
+    command.env("PYVISOR_SERVER__SOCKET", NO_DAEMON);
+    exec_with(command, args, stdin)
+}
+
+/// `pyvisor exec` through `daemon`.
+fn exec_in(daemon: &Daemon, args: &[&str], stdin: &str) -> Output {
+    let mut command = common::command(&daemon.home);
+    command.env("PYVISOR_SERVER__SOCKET", &daemon.socket);
+    exec_with(command, args, stdin)
+}
+
+fn exec_with(mut command: Command, args: &[&str], stdin: &str) -> Output {
+    let mut child = command
         .arg("exec")
         .args(args)
         .stdin(Stdio::piped())
@@ -96,6 +116,7 @@ fn json_format_prints_exactly_one_result_object() {
 fn sigkill_of_the_host_leaves_no_python_process_behind() {
     use std::io::{BufRead, BufReader};
     let mut host = Command::new(env!("CARGO_BIN_EXE_pyvisor"))
+        .env("PYVISOR_SERVER__SOCKET", NO_DAEMON)
         .args([
             "exec",
             "import os, subprocess, time\n\
@@ -131,4 +152,121 @@ fn sigkill_of_the_host_leaves_no_python_process_behind() {
         });
         assert!(gone, "process {pid} outlived the SIGKILLed host");
     }
+}
+
+#[test]
+fn verbose_says_when_no_daemon_answers() {
+    let out = exec(&["--verbose", "1"], "");
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("no daemon at {NO_DAEMON}")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("running an embedded engine"), "{stderr}");
+}
+
+#[test]
+fn session_without_a_daemon_is_a_usage_error() {
+    let out = exec(&["--session", "s", "x = 1"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--session"));
+}
+
+/// A daemon for one test; the runtime only starts it (its guard kills it without one).
+fn daemon() -> Daemon {
+    tokio::runtime::Runtime::new()
+        .expect("a runtime")
+        .block_on(Daemon::start())
+}
+
+#[test]
+fn verbose_says_the_daemon_runs_the_code() {
+    let daemon = daemon();
+    let out = exec_in(&daemon, &["--verbose", "print('hi')\n6 * 7"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi\n42\n");
+    let stderr = text(&out.stderr);
+    let expected = format!("using the daemon at {}", daemon.socket.display());
+    assert!(stderr.contains(&expected), "{stderr}");
+}
+
+#[test]
+fn a_named_session_keeps_its_state_between_calls() {
+    let daemon = daemon();
+    let out = exec_in(&daemon, &["--session", "s", "x = 1"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = exec_in(&daemon, &["--session", "s", "print(x)"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "1\n");
+    // Without --session, each call has a fresh namespace.
+    let out = exec_in(&daemon, &["y = 2"], "");
+    assert_eq!(out.status.code(), Some(0));
+    let out = exec_in(&daemon, &["y"], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("NameError"));
+}
+
+#[test]
+fn temporary_sessions_are_closed_and_named_ones_stay() {
+    let daemon = daemon();
+    for args in [&["1"][..], &["--session", "kept", "1"][..]] {
+        let out = exec_in(&daemon, args, "");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let sessions = runtime.block_on(async {
+        let client = pyvisor::client::Client::connect(&daemon.socket)
+            .await
+            .unwrap();
+        client.list(None).await.unwrap()
+    });
+    let names: Vec<_> = sessions.iter().map(|s| s.name.as_deref()).collect();
+    assert_eq!(names, [Some("kept")]);
+}
+
+#[test]
+fn json_format_through_the_daemon_prints_exactly_one_result_object() {
+    let daemon = daemon();
+    let out = exec_in(
+        &daemon,
+        &["--format", "json", "print('streamed?')\n{'a': 1}"],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let result: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(result["status"], "ok");
+    assert_eq!(result["stdout"], "streamed?\n");
+    assert_eq!(result["result"]["repr"], "{'a': 1}");
+    assert!(result["error"].is_null());
+}
+
+#[test]
+fn input_and_exit_statuses_through_the_daemon() {
+    let daemon = daemon();
+    let out = exec_in(
+        &daemon,
+        &["a = input('first? ')\nprint('got', a)\ninput('second? ')"],
+        "yes\n",
+    );
+    assert_eq!(text(&out.stdout), "first? got yes\nsecond? ");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("EOFError"));
+
+    // Code from stdin leaves nothing to answer input() with.
+    let out = exec_in(&daemon, &["-"], "input('q? ')\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("EOFError"));
+
+    let out = exec_in(
+        &daemon,
+        &["--timeout", "0.3", "import time\ntime.sleep(30)"],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(3));
+    let out = exec_in(&daemon, &["import os\nos._exit(9)"], "");
+    assert_eq!(out.status.code(), Some(4));
+    assert!(text(&out.stderr).contains("exited with code 9"));
 }

@@ -3,14 +3,16 @@
 //! command. `exec` and `repl` use both through [`Backend`] and see one event type,
 //! [`ExecutionEvent`], so that they are written once.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt;
 use pyvisor::client::{Client, ClientError, ClientExecution, Event};
+use pyvisor::config::Settings;
+use pyvisor::errors::ConfigError;
 use pyvisor::rpc::wire::{CreateParams, ExecuteParams};
 use pyvisor::{
-    Engine, EngineConfig, EngineError, ExecuteRequest, ExecutionEvent, Execution, PoolConfig,
+    Engine, EngineConfig, EngineError, ExecuteRequest, Execution, ExecutionEvent, PoolConfig,
     Session, StateConfig,
 };
 use thiserror::Error;
@@ -31,55 +33,85 @@ pub enum BackendError {
     Ended,
 }
 
-/// A daemon that answered, and where.
-pub struct Daemon {
-    pub client: Client,
-    pub socket: PathBuf,
+/// What a command that runs code asks for.
+pub struct Open<'a> {
+    /// The daemon's session to use; a temporary one when `None`.
+    pub session: Option<&'a str>,
+    /// Without a daemon, refuse a named session (`exec`: its state would be lost) rather
+    /// than warn and run it embedded (`repl`: the state lasts as long as the REPL).
+    pub session_needs_daemon: bool,
+    /// Say on stderr which way the code runs.
+    pub verbose: bool,
+}
+
+/// Why a command could not get a session; each is a usage or configuration error.
+#[derive(Debug, Error)]
+pub enum OpenError {
+    #[error("load the configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("use --session: it needs a running daemon, and there is {0}")]
+    NeedsDaemon(NoDaemon),
+    #[error(transparent)]
+    Start(#[from] BackendError),
 }
 
 /// Why no daemon will run the code.
 #[derive(Debug, Error)]
 #[error("no daemon at {} ({reason})", socket.display())]
 pub struct NoDaemon {
-    pub socket: PathBuf,
-    pub reason: String,
+    socket: PathBuf,
+    reason: String,
 }
 
-/// The daemon at the configured socket, when it answers `engine.health` with `ok` in time.
-pub async fn find_daemon() -> Result<Daemon, NoDaemon> {
-    let socket = daemon_socket();
+/// A session of the daemon at the configured socket when it answers `engine.health` with
+/// `ok` in time, else of an embedded engine with the configured engine settings.
+pub async fn open(open: Open<'_>) -> Result<Backend, OpenError> {
+    let settings = Settings::load(None)?.settings;
+    let socket = settings.socket_path();
+    match connect_daemon(&socket).await {
+        Ok(client) => {
+            if open.verbose {
+                eprintln!("pyvisor: using the daemon at {}", socket.display());
+            }
+            Ok(Backend::daemon(client, open.session).await?)
+        }
+        Err(reason) => {
+            let absent = NoDaemon { socket, reason };
+            match open.session {
+                Some(_) if open.session_needs_daemon => {
+                    return Err(OpenError::NeedsDaemon(absent));
+                }
+                Some(name) => eprintln!(
+                    "pyvisor: warning: {absent}; session {name:?} lasts only as long as this \
+                     command"
+                ),
+                None if open.verbose => {
+                    eprintln!("pyvisor: {absent}; running an embedded engine");
+                }
+                None => {}
+            }
+            Ok(Backend::embedded(settings.engine_config()).await?)
+        }
+    }
+}
+
+/// A client of the daemon at `socket`, or why there is none.
+async fn connect_daemon(socket: &Path) -> Result<Client, String> {
     let probe = async {
-        let client = Client::connect(&socket).await?;
+        let client = Client::connect(socket).await?;
         let health = client.health().await?;
         Ok::<_, ClientError>((client, health))
     };
-    let reason = match tokio::time::timeout(DAEMON_PROBE_TIMEOUT, probe).await {
-        Ok(Ok((client, health))) if health.status == "ok" => {
-            return Ok(Daemon { client, socket });
-        }
-        Ok(Ok((_, health))) => format!("it is {}", health.status),
-        Ok(Err(ClientError::Connect { source, .. })) => source.to_string(),
-        Ok(Err(err)) => format!("failed to {err}"),
-        Err(_) => format!(
+    match tokio::time::timeout(DAEMON_PROBE_TIMEOUT, probe).await {
+        Ok(Ok((client, health))) if health.status == "ok" => Ok(client),
+        Ok(Ok((_, health))) => Err(format!("it is {}", health.status)),
+        Ok(Err(ClientError::Connect { source, .. })) => Err(source.to_string()),
+        Ok(Err(err)) => Err(format!("failed to {err}")),
+        Err(_) => Err(format!(
             "it did not answer within {} s",
             DAEMON_PROBE_TIMEOUT.as_secs()
-        ),
-    };
-    Err(NoDaemon { socket, reason })
-}
-
-/// The daemon's socket: `$PYVISOR_SERVER__SOCKET`, else the default of SPEC.md §1,
-/// `$XDG_RUNTIME_DIR/pyvisor/pyvisor.sock`, else `~/.pyvisor/pyvisor.sock`.
-fn daemon_socket() -> PathBuf {
-    let var = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
-    if let Some(socket) = var("PYVISOR_SERVER__SOCKET") {
-        return PathBuf::from(socket);
+        )),
     }
-    if let Some(runtime) = var("XDG_RUNTIME_DIR") {
-        return PathBuf::from(runtime).join("pyvisor").join("pyvisor.sock");
-    }
-    let home = var("HOME").map(PathBuf::from).unwrap_or_default();
-    home.join(".pyvisor").join("pyvisor.sock")
 }
 
 /// One session to run code in, on the daemon or embedded.
@@ -98,35 +130,35 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// A new session of `daemon`, or its session `name` (created on first use).
-    pub async fn daemon(daemon: Daemon, name: Option<&str>) -> Result<Backend, BackendError> {
+    /// A new session of the daemon, or its session `name` (created on first use).
+    async fn daemon(client: Client, name: Option<&str>) -> Result<Backend, BackendError> {
         let params = CreateParams {
             name: name.map(str::to_owned),
             ..CreateParams::default()
         };
-        let created = daemon.client.create_session(params).await?;
+        let created = client.create_session(params).await?;
         Ok(Backend::Daemon {
-            client: daemon.client,
+            client,
             session_id: created.session_id,
             keep: name.is_some(),
         })
     }
 
-    /// A session of an engine started for this command alone.
-    pub async fn embedded() -> Result<Backend, BackendError> {
+    /// A session of an engine started with `config` for this command alone.
+    async fn embedded(config: EngineConfig) -> Result<Backend, BackendError> {
         // One session for one command: ready workers, a zygote or checkpoints would only
         // cost time.
         let config = EngineConfig {
             pool: PoolConfig {
                 min_idle: 0,
-                ..PoolConfig::default()
+                ..config.pool
             },
             zygote: false,
             state: StateConfig {
                 enabled: false,
-                ..StateConfig::default()
+                ..config.state
             },
-            ..EngineConfig::default()
+            ..config
         };
         let engine = Engine::start(config).await?;
         let session = engine.create_session(Default::default()).await?;

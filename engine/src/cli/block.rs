@@ -51,7 +51,9 @@ fn scan(buffer: &str) -> Scan {
     while i < chars.len() {
         let c = chars[i];
         let triple_at = |at: usize, quote: char| {
-            chars.get(at..at + 3).is_some_and(|s| s.iter().all(|&q| q == quote))
+            chars
+                .get(at..at + 3)
+                .is_some_and(|s| s.iter().all(|&q| q == quote))
         };
         if let Some((quote, triple)) = string {
             match c {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use pyvisor::ExecutionStatus;
 
-use super::backend::{find_daemon, Backend};
+use super::backend::{self, Open};
 use super::drive::{drive, exit_status, report, write_flush, Answer, Console, Format};
 use super::EXIT_USAGE;
 
@@ -45,7 +45,10 @@ pub async fn run(args: ExecArgs) -> u8 {
             (code, false)
         }
     };
-    let timeout = match args.timeout.map(|secs| (secs, Duration::try_from_secs_f64(secs))) {
+    let timeout = match args
+        .timeout
+        .map(|secs| (secs, Duration::try_from_secs_f64(secs)))
+    {
         None => None,
         Some((secs, Ok(timeout))) if secs > 0.0 => Some(timeout),
         Some((secs, _)) => {
@@ -53,27 +56,14 @@ pub async fn run(args: ExecArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let backend = match find_daemon().await {
-        Ok(daemon) => {
-            if args.verbose {
-                eprintln!("pyvisor: using the daemon at {}", daemon.socket.display());
-            }
-            Backend::daemon(daemon, args.session.as_deref()).await
-        }
-        Err(absent) => {
-            if args.session.is_some() {
-                // Without a daemon the session would end with this call: the state the
-                // caller asked to keep would be lost without a word.
-                eprintln!("pyvisor: --session needs a running daemon: {absent}");
-                return EXIT_USAGE;
-            }
-            if args.verbose {
-                eprintln!("pyvisor: {absent}; running an embedded engine");
-            }
-            Backend::embedded().await
-        }
+    let open = Open {
+        session: args.session.as_deref(),
+        // Without a daemon the session would end with this call, and the state the caller
+        // asked to keep would be lost without a word.
+        session_needs_daemon: true,
+        verbose: args.verbose,
     };
-    let backend = match backend {
+    let backend = match backend::open(open).await {
         Ok(backend) => backend,
         Err(err) => {
             eprintln!("pyvisor: failed to {err}");

@@ -9,7 +9,7 @@ use std::io;
 use clap::Args;
 use pyvisor::ExecutionStatus;
 
-use super::backend::{find_daemon, Backend};
+use super::backend::{self, Backend, Open};
 use super::block::is_complete;
 use super::drive::{drive, exit_status, report, write_flush, Answer, Console, Format};
 use super::lines::{Lines, Read};
@@ -27,26 +27,13 @@ pub struct ReplArgs {
 }
 
 pub async fn run(args: ReplArgs) -> u8 {
-    let backend = match find_daemon().await {
-        Ok(daemon) => {
-            if args.verbose {
-                eprintln!("pyvisor: using the daemon at {}", daemon.socket.display());
-            }
-            Backend::daemon(daemon, args.session.as_deref()).await
-        }
-        Err(absent) => {
-            if let Some(name) = &args.session {
-                eprintln!(
-                    "pyvisor: warning: {absent}; session {name:?} lasts only as long as \
-                     this REPL"
-                );
-            } else if args.verbose {
-                eprintln!("pyvisor: {absent}; running an embedded engine");
-            }
-            Backend::embedded().await
-        }
+    let open = Open {
+        session: args.session.as_deref(),
+        // Embedded, the session's state still lasts as long as the REPL: warn only.
+        session_needs_daemon: false,
+        verbose: args.verbose,
     };
-    let backend = match backend {
+    let backend = match backend::open(open).await {
         Ok(backend) => backend,
         Err(err) => {
             eprintln!("pyvisor: failed to {err}");

@@ -100,7 +100,11 @@ impl Connection {
     }
 
     /// Sends a request and returns where its answer will arrive.
-    pub fn call(&self, method: &str, params: Option<&impl Serialize>) -> Result<Reply, ClientError> {
+    pub fn call(
+        &self,
+        method: &str,
+        params: Option<&impl Serialize>,
+    ) -> Result<Reply, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let line = request_line(Some(id), method, params)?;
         let (tx, rx) = oneshot::channel();
@@ -127,7 +131,10 @@ impl Connection {
         session_id: Option<&str>,
         params: &ExecuteParams,
     ) -> Result<Reply, ClientError> {
-        debug_assert!(!params.stream, "streaming executes go through execute_streaming");
+        debug_assert!(
+            !params.stream,
+            "streaming executes go through execute_streaming"
+        );
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let line = request_line(Some(id), method::EXECUTE, Some(params))?;
         let (tx, rx) = oneshot::channel();
@@ -202,7 +209,9 @@ impl Connection {
     pub fn learn_session(&self, key: &str, session_id: &str) {
         let mut state = self.state();
         state.ids.insert(key.to_owned(), session_id.to_owned());
-        state.ids.insert(session_id.to_owned(), session_id.to_owned());
+        state
+            .ids
+            .insert(session_id.to_owned(), session_id.to_owned());
     }
 
     /// Forgets what `key` stood for, and every other key of the same session.
@@ -360,7 +369,10 @@ impl State {
             },
             other => return tracing::debug!(method = other, "ignored a notification"),
         };
-        let active = self.sessions.get(&session_id).and_then(|queue| queue.active);
+        let active = self
+            .sessions
+            .get(&session_id)
+            .and_then(|queue| queue.active);
         match active.and_then(|id| self.calls.get(&id)) {
             Some(Pending::Stream { events, .. }) => {
                 let _ = events.send(Ok(Update {
@@ -388,7 +400,9 @@ fn refuse_if_no_queue(session_id: &str, params: &ExecuteParams) -> Result<(), Cl
 
 fn lock(shared: &Mutex<State>) -> MutexGuard<'_, State> {
     // Nothing panics while holding the lock, and the state stays consistent if it did.
-    shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One request or notification, as a line.
