@@ -3,6 +3,7 @@
 mod backend;
 mod block;
 mod config;
+mod daemon;
 mod drive;
 mod exec;
 mod lines;
@@ -12,6 +13,7 @@ mod serve;
 use clap::{Parser, Subcommand};
 
 pub use config::ConfigCommand;
+pub use daemon::DaemonCommand;
 pub use exec::ExecArgs;
 pub use repl::ReplArgs;
 pub use serve::ServeArgs;
@@ -40,6 +42,11 @@ enum Command {
     },
     /// Run the supervisor daemon in the foreground (JSON-RPC on a Unix socket or stdio).
     Serve(ServeArgs),
+    /// Run the daemon in the background: start, stop, status (with a PID file).
+    Daemon {
+        #[command(subcommand)]
+        command: DaemonCommand,
+    },
 }
 
 /// Runs the parsed command and returns the process exit status.
@@ -49,5 +56,6 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Repl(args) => repl::run(args).await,
         Command::Config { command } => config::run(command),
         Command::Serve(args) => serve::run(args).await,
+        Command::Daemon { command } => daemon::run(command).await,
     }
 }
