@@ -1,7 +1,9 @@
-//! `pyvisor daemon start|stop|status` against real processes in a private home.
+//! `pyvisor daemon start|stop|status` against real processes in a private home, and the
+//! systemd unit of `examples/systemd/` checked against the directives the docs rely on.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -380,4 +382,115 @@ fn configuration_errors_are_usage_errors() {
         assert_eq!(out.status.code(), Some(2), "{command}: {}", show(&out));
         assert!(stderr(&out).contains("no such file"), "{}", show(&out));
     }
+}
+
+/// `[Section]` → `Key` → values, in file order (a key may repeat).
+type Unit = BTreeMap<String, BTreeMap<String, Vec<String>>>;
+
+/// A systemd unit file read as simple INI: comments, sections, `Key=value`.
+fn parse_unit(text: &str) -> Unit {
+    let mut unit = Unit::new();
+    let mut section = String::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with(['#', ';']) {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_owned();
+            continue;
+        }
+        let (key, value) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("not Key=value: {line:?}"));
+        assert!(!section.is_empty(), "{key} outside a section");
+        unit.entry(section.clone())
+            .or_default()
+            .entry(key.trim().to_owned())
+            .or_default()
+            .push(value.trim().to_owned());
+    }
+    unit
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/systemd")
+}
+
+#[test]
+fn systemd_unit_has_the_directives_the_daemon_relies_on() {
+    let text = std::fs::read_to_string(examples().join("pyvisor.service")).unwrap();
+    let unit = parse_unit(&text);
+    let service = &unit["Service"];
+    let one = |key: &str| -> &str {
+        match service.get(key).map(Vec::as_slice) {
+            Some([value]) => value,
+            other => panic!("[Service] {key}= should appear once, found {other:?}"),
+        }
+    };
+    for (key, value) in [
+        ("Type", "notify"),
+        ("NotifyAccess", "main"),
+        (
+            "ExecStart",
+            "/usr/local/bin/pyvisor serve --config /etc/pyvisor/config.toml",
+        ),
+        ("ExecReload", "/bin/kill -HUP $MAINPID"),
+        ("KillMode", "mixed"),
+        ("Restart", "on-failure"),
+        ("WatchdogSec", "30"),
+        ("User", "pyvisor"),
+        ("Delegate", "yes"),
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("StateDirectory", "pyvisor"),
+        ("RuntimeDirectory", "pyvisor"),
+        ("RuntimeDirectoryMode", "0700"),
+        ("CacheDirectory", "pyvisor"),
+    ] {
+        assert_eq!(one(key), value, "[Service] {key}");
+    }
+    assert!(
+        !service.contains_key("DynamicUser"),
+        "a dynamic user cannot own the state dir stably"
+    );
+    assert!(
+        !service.contains_key("ProtectControlGroups"),
+        "the daemon writes its delegated cgroup"
+    );
+    assert!(unit["Install"]["WantedBy"].contains(&"multi-user.target".to_owned()));
+
+    // The config the unit starts with is valid and agrees with the unit's directories and
+    // timeouts.
+    let config = examples().join("config.toml");
+    let home = Home::new();
+    let out = common::command(home.path())
+        .args(["config", "check"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let settings = pyvisor::config::Settings::load(Some(&config))
+        .unwrap()
+        .settings;
+    assert_eq!(
+        settings.socket_path(),
+        Path::new("/run/pyvisor/pyvisor.sock")
+    );
+    let engine = settings.engine_config();
+    assert_eq!(
+        engine.state.dir.as_deref(),
+        Some(Path::new("/var/lib/pyvisor"))
+    );
+    assert_eq!(
+        engine.cache_dir.as_deref(),
+        Some(Path::new("/var/cache/pyvisor"))
+    );
+    assert!(settings.server.watchdog);
+    let stop_timeout: f64 = one("TimeoutStopSec").parse().unwrap();
+    assert!(
+        stop_timeout > settings.server.shutdown_grace_s + 5.0,
+        "TimeoutStopSec={stop_timeout} leaves no time to checkpoint after the grace period"
+    );
 }
