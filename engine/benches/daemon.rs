@@ -75,7 +75,7 @@ fn main() {
     print_throughput("embedded, 64 sessions", embedded.1);
 
     let http_port = free_port();
-    let mut daemon = start_daemon(home.path(), http_port);
+    let _daemon = DaemonGuard(start_daemon(home.path(), http_port));
     let socket = home.path().join("pyvisor.sock");
     let unix = runtime.block_on(socket_figures(&socket, rounds, window));
     print_latency("Unix socket, Rust client", &unix.0, Some(&embedded.0));
@@ -84,8 +84,16 @@ fn main() {
     let http = http_figures(http_port, rounds, window);
     print_latency("HTTP POST /execute, keep-alive", &http.0, Some(&embedded.0));
     print_throughput("HTTP, 64 clients", http.1);
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+}
+
+/// Kills the daemon when the bench ends, a panic included.
+struct DaemonGuard(Child);
+
+impl Drop for DaemonGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn engine_config(home: &Path) -> EngineConfig {
