@@ -3,47 +3,17 @@
 
 mod common;
 
-use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use common::Daemon;
-
-/// A socket no daemon listens on, so that `exec` runs embedded whatever runs on this host.
-const NO_DAEMON: &str = "/nonexistent/pyvisor-test/pyvisor.sock";
+use common::{text, Daemon, NO_DAEMON};
 
 fn exec(args: &[&str], stdin: &str) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pyvisor"));
-    command.env("PYVISOR_SERVER__SOCKET", NO_DAEMON);
-    exec_with(command, args, stdin)
+    common::run_embedded("exec", args, stdin)
 }
 
 /// `pyvisor exec` through `daemon`.
 fn exec_in(daemon: &Daemon, args: &[&str], stdin: &str) -> Output {
-    let mut command = common::command(&daemon.home);
-    command.env("PYVISOR_SERVER__SOCKET", &daemon.socket);
-    exec_with(command, args, stdin)
-}
-
-fn exec_with(mut command: Command, args: &[&str], stdin: &str) -> Output {
-    let mut child = command
-        .arg("exec")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("pyvisor runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    common::run_in(daemon, "exec", args, stdin)
 }
 
 #[test]

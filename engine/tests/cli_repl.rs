@@ -4,45 +4,17 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-use common::Daemon;
-
-const NO_DAEMON: &str = "/nonexistent/pyvisor-test/pyvisor.sock";
+use common::{text, Daemon};
 
 fn repl(args: &[&str], stdin: &str) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pyvisor"));
-    command.env("PYVISOR_SERVER__SOCKET", NO_DAEMON);
-    repl_with(command, args, stdin)
+    common::run_embedded("repl", args, stdin)
 }
 
+/// `pyvisor repl` through `daemon`.
 fn repl_in(daemon: &Daemon, args: &[&str], stdin: &str) -> Output {
-    let mut command = common::command(&daemon.home);
-    command.env("PYVISOR_SERVER__SOCKET", &daemon.socket);
-    repl_with(command, args, stdin)
-}
-
-fn repl_with(mut command: Command, args: &[&str], stdin: &str) -> Output {
-    let mut child = command
-        .arg("repl")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("pyvisor runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    common::run_in(daemon, "repl", args, stdin)
 }
 
 fn daemon() -> Daemon {

@@ -3,8 +3,9 @@
 
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -244,4 +245,44 @@ impl Conn {
         }
         Ok(serde_json::from_str(&reply)?)
     }
+}
+
+/// A socket no daemon listens on, so that a command runs embedded whatever runs on this host.
+pub const NO_DAEMON: &str = "/nonexistent/pyvisor-test/pyvisor.sock";
+
+/// `pyvisor <subcommand> <args>` with `stdin` as its input, in an embedded engine.
+pub fn run_embedded(subcommand: &str, args: &[&str], stdin: &str) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pyvisor"));
+    command.env("PYVISOR_SERVER__SOCKET", NO_DAEMON);
+    run(command, subcommand, args, stdin)
+}
+
+/// `pyvisor <subcommand> <args>` with `stdin` as its input, through `daemon`.
+pub fn run_in(daemon: &Daemon, subcommand: &str, args: &[&str], stdin: &str) -> Output {
+    let mut command = self::command(&daemon.home);
+    command.env("PYVISOR_SERVER__SOCKET", &daemon.socket);
+    run(command, subcommand, args, stdin)
+}
+
+fn run(mut command: Command, subcommand: &str, args: &[&str], stdin: &str) -> Output {
+    let mut child = command
+        .arg(subcommand)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("pyvisor runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(stdin.as_bytes())
+        .expect("write pyvisor's stdin");
+    child.wait_with_output().expect("wait for pyvisor")
+}
+
+/// Output bytes as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }
