@@ -29,6 +29,7 @@ pub use config::{EngineConfig, StateConfig};
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;
 pub use pyvisor_actors::checkpoint::CheckpointInfo;
+pub use pyvisor_actors::metrics::describe as describe_metrics;
 pub use pyvisor_actors::pool::{PoolConfig, PoolStats};
 pub use pyvisor_actors::session::{
     AutoCheckpoint, CheckpointSummary, Inspection, RestoreSummary, SessionPhase, SessionSnapshot,
