@@ -4,6 +4,8 @@
 mod file;
 mod resolve;
 
+pub use resolve::http_addr;
+
 use std::path::PathBuf;
 use std::time::Duration;
 

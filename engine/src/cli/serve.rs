@@ -18,7 +18,8 @@ pub struct ServeArgs {
     /// Unix socket to listen on (overrides `server.socket`).
     #[arg(long, value_name = "PATH", conflicts_with = "stdio")]
     socket: Option<PathBuf>,
-    /// Also serve HTTP on this address (overrides `server.http`), e.g. 127.0.0.1:8787.
+    /// Also serve HTTP on this address (overrides `server.http`), e.g. 127.0.0.1:8787; a bare
+    /// port binds 127.0.0.1.
     #[arg(long, value_name = "ADDR")]
     http: Option<String>,
     /// Speak JSON-RPC on stdin/stdout instead of a socket.
@@ -39,8 +40,10 @@ pub async fn run(args: ServeArgs) -> u8 {
         settings.server.socket = socket;
     }
     if let Some(http) = args.http {
-        if http.parse::<std::net::SocketAddr>().is_err() {
-            eprintln!("pyvisor: --http expects an address such as 127.0.0.1:8787, got {http:?}");
+        if pyvisor::config::http_addr(&http).is_none() {
+            eprintln!(
+                "pyvisor: --http expects an address such as 127.0.0.1:8787 or a port, got {http:?}"
+            );
             return EXIT_USAGE;
         }
         settings.server.http = http;

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use pyvisor_actors::checkpoint::{DEFAULT_MAX_BYTES, DEFAULT_RETENTION};
@@ -372,11 +371,11 @@ impl Settings {
             limits,
             state,
         } = self;
-        if !server.http.is_empty() && server.http.parse::<SocketAddr>().is_err() {
+        if !server.http.is_empty() && super::resolve::http_addr(&server.http).is_none() {
             return Err((
                 "server.http",
                 format!(
-                    "expected an address such as 127.0.0.1:8787, got `{}`",
+                    "expected an address such as 127.0.0.1:8787 or a port, got `{}`",
                     server.http
                 ),
             ));

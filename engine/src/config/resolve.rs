@@ -60,7 +60,7 @@ impl Settings {
 
     /// The HTTP listen address, if an HTTP server is asked for.
     pub fn http_addr(&self) -> Option<SocketAddr> {
-        self.server.http.parse().ok()
+        http_addr(&self.server.http)
     }
 
     /// The bearer token HTTP requests must carry, if any.
@@ -136,6 +136,16 @@ impl Settings {
     }
 }
 
+/// An HTTP listen address: `host:port`, or a bare `port` (or `:port`) on the loopback
+/// address, the default bind of SPEC.md §3.
+pub fn http_addr(value: &str) -> Option<SocketAddr> {
+    let port = value.strip_prefix(':').unwrap_or(value);
+    if let Ok(port) = port.parse::<u16>() {
+        return Some(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    value.parse().ok()
+}
+
 /// Seconds as a duration; out-of-range values (only possible without validation) saturate.
 fn duration(seconds: f64) -> Duration {
     if seconds.is_nan() || seconds <= 0.0 {
@@ -147,6 +157,16 @@ fn duration(seconds: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_port_binds_the_loopback_address() {
+        assert_eq!(http_addr("8787"), "127.0.0.1:8787".parse().ok());
+        assert_eq!(http_addr(":8787"), "127.0.0.1:8787".parse().ok());
+        assert_eq!(http_addr("0.0.0.0:80"), "0.0.0.0:80".parse().ok());
+        assert_eq!(http_addr("[::1]:80"), "[::1]:80".parse().ok());
+        assert_eq!(http_addr("localhost"), None);
+        assert_eq!(http_addr(""), None);
+    }
 
     #[test]
     fn socket_pid_and_log_files_default_beside_each_other() {
