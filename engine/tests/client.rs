@@ -371,6 +371,14 @@ async fn server_errors_keep_their_codes() {
     let err = client.execute(params).await.unwrap_err();
     assert_eq!(rpc_code(err), code::SESSION_BUSY);
     assert_eq!(running.result().await.unwrap().status, ExecutionStatus::Ok);
+    // A request over the server's line limit is refused before it is sent, since the
+    // server's answer to it could not name the call.
+    let huge = format!("x = '{}'", "y".repeat(17 * 1024 * 1024));
+    let err = client
+        .execute(ExecuteParams::new(&session, huge))
+        .await
+        .unwrap_err();
+    assert_eq!(rpc_code(err), code::LIMIT_EXCEEDED);
     // The connection is still fine after all of these.
     assert_eq!(client.health().await.unwrap().status, "ok");
 }

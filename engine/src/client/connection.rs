@@ -428,9 +428,24 @@ fn request_line(
     };
     let mut line = serde_json::to_string(&request)
         .map_err(|err| ClientError::Protocol(format!("encode the {method} params: {err}")))?;
+    // A server answers an oversized line with an error that has no id (it never read one),
+    // which no call could be matched with: refuse it here instead.
+    if line.len() > MAX_REQUEST_BYTES {
+        return Err(ClientError::Rpc(RpcError::new(
+            code::LIMIT_EXCEEDED,
+            format!(
+                "send a {method} request of {} bytes: the limit is {MAX_REQUEST_BYTES} bytes",
+                line.len()
+            ),
+        )));
+    }
     line.push('\n');
     Ok(line)
 }
+
+/// The largest request line the client sends: the server's default
+/// `server.max_request_bytes`.
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
 /// Decodes the result or params of `method`.
 pub(super) fn decode<T: DeserializeOwned>(method: &str, value: Value) -> Result<T, ClientError> {
