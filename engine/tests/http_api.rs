@@ -66,6 +66,7 @@ async fn start_with(token: Option<&'static str>) -> Server {
         addr: "127.0.0.1:0".parse().expect("an address"),
         token: token.map(str::to_owned),
         max_request_bytes: MAX_REQUEST_BYTES,
+        max_connections: 64,
         metrics: Some(metrics),
         ready: ready.clone(),
     };

@@ -62,7 +62,7 @@ pub struct ServerSettings {
     pub token: String,
     /// Longest JSON-RPC request line accepted.
     pub max_request_bytes: usize,
-    /// Unix-socket connections held at once; more are refused.
+    /// Connections held at once per listener: more are refused on the socket, wait on HTTP.
     pub max_connections: usize,
     /// How long running executions may finish after SIGTERM, in seconds.
     pub shutdown_grace_s: f64,

@@ -116,7 +116,7 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
         Some(listen) => Some(start_http(
             listen,
             dispatcher.clone(),
-            options.max_request_bytes,
+            (options.max_request_bytes, options.max_connections),
             ready.clone(),
         )?),
         None => None,
@@ -175,7 +175,7 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
 fn start_http(
     listen: HttpListen,
     dispatcher: Arc<Dispatcher>,
-    max_request_bytes: usize,
+    (max_request_bytes, max_connections): (usize, usize),
     ready: Arc<AtomicBool>,
 ) -> Result<HttpServer, ServeError> {
     let metrics = match install_prometheus() {
@@ -192,6 +192,7 @@ fn start_http(
         addr: listen.addr,
         token: listen.token,
         max_request_bytes,
+        max_connections,
         metrics,
         ready,
     };

@@ -60,6 +60,8 @@ pub struct HttpOptions {
     pub token: Option<String>,
     /// Largest request body or WebSocket message.
     pub max_request_bytes: usize,
+    /// Connections held at once, over all workers; more wait in the listen backlog.
+    pub max_connections: usize,
     /// What `/metrics` renders; `/metrics` answers 404 without it.
     pub metrics: Option<PrometheusHandle>,
     /// Whether `/readyz` says ready (the pool is warm).
@@ -100,14 +102,14 @@ impl HttpServer {
             ready: options.ready,
             shutdown: shutdown_rx,
         });
-        let addr = options.addr;
+        let (addr, max_connections) = (options.addr, options.max_connections);
         let (bound_tx, bound_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = oneshot::channel();
         let thread = thread::Builder::new()
             .name("pyvisor-http".into())
             .spawn(move || {
                 let system = actix_rt::System::new();
-                let started = system.block_on(async move { serve(state, addr) });
+                let started = system.block_on(async move { serve(state, addr, max_connections) });
                 let serving = started.is_ok();
                 let _ = bound_tx.send(
                     started.map(|(addr, handle)| (addr, handle, actix_rt::System::current())),
@@ -181,7 +183,11 @@ impl Drop for HttpServer {
 }
 
 /// Builds, binds and starts the actix-web server; runs inside the server's System.
-fn serve(state: web::Data<State>, addr: SocketAddr) -> io::Result<(SocketAddr, ServerHandle)> {
+fn serve(
+    state: web::Data<State>,
+    addr: SocketAddr,
+    max_connections: usize,
+) -> io::Result<(SocketAddr, ServerHandle)> {
     let server = actix_web::HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
@@ -193,6 +199,7 @@ fn serve(state: web::Data<State>, addr: SocketAddr) -> io::Result<(SocketAddr, S
             .default_service(web::to(not_found))
     })
     .workers(WORKERS)
+    .max_connections(max_connections.div_ceil(WORKERS).max(1))
     .disable_signals()
     .shutdown_timeout(SHUTDOWN_TIMEOUT_S)
     .bind(addr)?;
