@@ -6,6 +6,7 @@ mod common;
 use std::process::{Command, Output, Stdio};
 
 use common::{text, Daemon, NO_DAEMON};
+use pyvisor_actors::worker::is_running;
 
 fn exec(args: &[&str], stdin: &str) -> Output {
     common::run_embedded("exec", args, stdin)
@@ -109,16 +110,10 @@ fn sigkill_of_the_host_leaves_no_python_process_behind() {
     assert_eq!(pids.len(), 2, "worker and child pids: {line:?}");
     host.kill().unwrap();
     host.wait().unwrap();
-    let running = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            stat.rsplit_once(") ")
-                .is_some_and(|(_, s)| !s.starts_with('Z'))
-        })
-    };
     for pid in pids {
         let gone = (0..100).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(50));
-            !running(pid)
+            !is_running(pid)
         });
         assert!(gone, "process {pid} outlived the SIGKILLed host");
     }

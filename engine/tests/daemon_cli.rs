@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::Conn;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use pyvisor_actors::worker::is_running;
 use serde_json::json;
 use tempfile::TempDir;
 
@@ -89,7 +90,7 @@ impl Home {
                 std::fs::read(format!("/proc/{pid}/cmdline"))
                     .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
             })
-            .filter(|pid| running(*pid))
+            .filter(|pid| is_running(*pid))
             .collect()
     }
 }
@@ -103,14 +104,6 @@ impl Drop for Home {
             }
         }
     }
-}
-
-/// Whether `pid` runs (exists and is not a zombie: nobody reaps a detached daemon here).
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
-    })
 }
 
 /// Waits up to `limit` for `done`.
@@ -152,7 +145,7 @@ async fn start_status_stop_round_trip() {
     assert!(stdout(&out).contains("not running"), "{}", show(&out));
 
     let pid = home.start(&[]);
-    assert!(running(pid));
+    assert!(is_running(pid));
     let out = home.daemon(&["status"]);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let text = stdout(&out);
@@ -187,7 +180,7 @@ async fn start_status_stop_round_trip() {
         "{}",
         show(&out)
     );
-    assert!(!running(pid), "the daemon outlived `daemon stop`");
+    assert!(!is_running(pid), "the daemon outlived `daemon stop`");
     assert!(!home.pid_file().exists(), "stop removes the PID file");
     assert!(!home.socket().exists(), "the daemon removes its socket");
     let out = home.daemon(&["status"]);
@@ -222,10 +215,10 @@ fn stale_pid_file_of_a_dead_process_is_replaced() {
     );
     let pid = home.pid().unwrap();
     assert_ne!(pid, dead_pid);
-    assert!(running(pid));
+    assert!(is_running(pid));
     let out = home.daemon(&["stop"]);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    assert!(!running(pid));
+    assert!(!is_running(pid));
 }
 
 #[test]
@@ -268,7 +261,7 @@ fn pid_file_naming_another_program_is_not_ours_and_that_program_is_spared() {
     assert_ne!(pid, other_pid);
     let out = home.daemon(&["stop"]);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    assert!(!running(pid));
+    assert!(!is_running(pid));
     assert!(other.try_wait().unwrap().is_none(), "stop signalled sleep");
     other.kill().unwrap();
     other.wait().unwrap();
@@ -304,7 +297,7 @@ async fn stop_force_kills_a_daemon_that_outlasts_the_timeout_and_its_workers() {
     let out = home.daemon(&["stop", "--config", config, "--timeout", "1"]);
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     assert!(stderr(&out).contains("still stopping"), "{}", show(&out));
-    assert!(running(pid));
+    assert!(is_running(pid));
     assert_eq!(home.pid(), Some(pid));
 
     let out = home.daemon(&["stop", "--config", config, "--force", "--timeout", "1"]);
@@ -315,7 +308,7 @@ async fn stop_force_kills_a_daemon_that_outlasts_the_timeout_and_its_workers() {
         "{}",
         show(&out)
     );
-    assert!(!running(pid));
+    assert!(!is_running(pid));
     assert!(!home.pid_file().exists(), "stop removes the PID file");
     assert!(
         eventually(Duration::from_secs(10), || home
@@ -368,7 +361,7 @@ async fn a_daemon_started_otherwise_is_reported_but_not_adopted() {
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     assert!(stderr(&out).contains("did not start"), "{}", show(&out));
     assert!(
-        running(serve.child.id()),
+        is_running(serve.child.id()),
         "stop signalled a daemon it does not own"
     );
 }

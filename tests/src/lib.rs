@@ -65,15 +65,7 @@ pub fn process_exists(pid: u32) -> bool {
 }
 
 /// Whether process `pid` is running: it exists and is not a zombie.
-pub fn process_running(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name, which may itself hold spaces.
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
-        Err(_) => false,
-    }
-}
+pub use pyvisor_actors::worker::is_running as process_running;
 
 /// Waits up to 5 s for `still_there(pid)` to turn false; true if it did.
 pub async fn eventually_gone(pid: u32, still_there: fn(u32) -> bool) -> bool {

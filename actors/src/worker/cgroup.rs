@@ -517,15 +517,6 @@ mod tests {
         (status, stderr)
     }
 
-    /// True unless `pid` is gone or a zombie (this machine's init reaps orphans lazily).
-    fn running(pid: u32) -> bool {
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-    }
-
     #[test]
     fn pids_limit_contains_fork_bomb_and_drop_kills_it() {
         let manager = manager("pids");
@@ -551,7 +542,10 @@ mod tests {
         let (_, stderr) = finish(&mut child, Duration::from_secs(5));
         let failed = stderr.contains("fork") || stderr.contains("Resource temporarily unavailable");
         assert!(failed, "no fork failure reported: {stderr:?}");
-        let alive: Vec<u32> = seen.into_iter().filter(|&p| running(p)).collect();
+        let alive: Vec<u32> = seen
+            .into_iter()
+            .filter(|&p| crate::worker::is_running(p))
+            .collect();
         assert!(alive.is_empty(), "still running after drop: {alive:?}");
     }
 

@@ -18,6 +18,16 @@ use tokio::io::Interest;
 use tokio::process::Child;
 use tokio::sync::oneshot;
 
+/// Whether process `pid` is running: it exists and is neither a zombie nor dead. A
+/// process nobody has reaped yet still exists, so its pid alone does not say it runs.
+pub fn is_running(pid: u32) -> bool {
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
+    })
+}
+
 /// Where the exit of one worker process is observed.
 pub(crate) enum ExitSource {
     /// The host spawned the worker and reaps it.

@@ -114,13 +114,6 @@ mod tests {
         crate::worker::resolve_interpreter("python3").unwrap()
     }
 
-    fn alive(pid: u32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            stat.rsplit_once(") ")
-                .is_some_and(|(_, s)| !s.starts_with('Z'))
-        })
-    }
-
     fn spawn_group() -> Child {
         Command::new("sleep")
             .arg("30")
@@ -141,7 +134,10 @@ mod tests {
         let status = registered.wait().unwrap();
         assert!(!status.success(), "the registered group was killed");
         std::thread::sleep(Duration::from_millis(100));
-        assert!(alive(forgotten.id()), "an unregistered group is left alone");
+        assert!(
+            crate::worker::is_running(forgotten.id()),
+            "an unregistered group is left alone"
+        );
         forgotten.kill().unwrap();
         forgotten.wait().unwrap();
     }

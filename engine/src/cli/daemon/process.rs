@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::{getpgid, Pid};
+use pyvisor_actors::worker::is_running;
 
 /// What a pid names right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +28,7 @@ pub fn state(pid: Pid, our_exe: Option<&Path>) -> State {
     match std::fs::read(format!("/proc/{pid}/cmdline")) {
         // An exited process (a zombie) has an empty command line; so has a kernel thread.
         Ok(cmdline) if cmdline.is_empty() => {
-            if is_zombie(pid) {
+            if !is_running(pid.as_raw() as u32) {
                 State::Gone
             } else {
                 State::Other
@@ -58,14 +59,6 @@ pub fn is_daemon_cmdline(cmdline: &[u8], our_exe: Option<&Path>) -> bool {
     }
     args.find(|arg| !arg.starts_with('-'))
         .is_some_and(|command| command == "serve")
-}
-
-fn is_zombie(pid: Pid) -> bool {
-    // The state follows the command name, which is in parentheses and may contain spaces.
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with(['Z', 'X']))
-    })
 }
 
 /// Asks the daemon to stop gracefully.
@@ -170,7 +163,7 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = Pid::from_raw(child.id() as i32);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !is_zombie(pid) {
+        while is_running(pid.as_raw() as u32) {
             assert!(Instant::now() < deadline, "`true` never exited");
             std::thread::sleep(Duration::from_millis(10));
         }
