@@ -10,6 +10,8 @@ use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+use pyvisor_actors::worker::left_by_dead_processes;
+
 /// A private directory that is removed when dropped.
 #[derive(Debug)]
 pub(crate) struct Scratch {
@@ -47,20 +49,8 @@ impl Drop for Scratch {
 
 /// Removes the directories of engines whose process is gone.
 fn remove_stale(base: &Path) {
-    let Ok(entries) = fs::read_dir(base) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|name| name.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = fs::remove_dir_all(entry.path());
-        }
+    let pid_of = |name: &str| name.split_once('-')?.0.parse::<u32>().ok();
+    for dir in left_by_dead_processes(base, pid_of) {
+        let _ = fs::remove_dir_all(dir);
     }
 }

@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -377,25 +376,14 @@ fn own_cgroup(controller: Option<&str>) -> io::Result<String> {
 
 /// Removes empty `pyvisor-<pid>` groups in `base` left by engines that died without cleanup.
 fn remove_stale_parents(base: &Path) {
-    let Ok(entries) = fs::read_dir(base) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(PARENT_PREFIX))
+    let pid_of = |name: &str| {
+        name.strip_prefix(PARENT_PREFIX)
             .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|p| p.parse::<i32>().ok())
-            .filter(|&p| p > 0)
-        else {
-            continue;
-        };
-        if kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
-            continue; // The engine is still alive (or not ours to judge).
-        }
-        match remove_group_tree(&entry.path()) {
-            Ok(()) => tracing::debug!("removed stale cgroup {}", entry.path().display()),
+            .and_then(|p| p.parse::<u32>().ok())
+    };
+    for group in super::left_by_dead_processes(base, pid_of) {
+        match remove_group_tree(&group) {
+            Ok(()) => tracing::debug!("removed stale cgroup {}", group.display()),
             Err(e) => tracing::debug!("stale cgroup kept: {e}"),
         }
     }

@@ -28,6 +28,31 @@ pub fn is_running(pid: u32) -> bool {
     })
 }
 
+/// The entries of `base` whose name, read by `pid_of`, names a process that no longer
+/// exists: what engines that died without cleaning up left behind.
+pub fn left_by_dead_processes(
+    base: &std::path::Path,
+    pid_of: impl Fn(&str) -> Option<u32>,
+) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            let pid = entry.file_name().to_str().and_then(&pid_of);
+            // Any answer but "no such process" (EPERM included) means it still lives.
+            pid.and_then(|pid| i32::try_from(pid).ok())
+                .filter(|&pid| pid > 0)
+                .is_some_and(|pid| {
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                        == Err(nix::errno::Errno::ESRCH)
+                })
+        })
+        .map(|entry| entry.path())
+        .collect()
+}
+
 /// Where the exit of one worker process is observed.
 pub(crate) enum ExitSource {
     /// The host spawned the worker and reaps it.
@@ -84,4 +109,28 @@ fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     // SAFETY: the kernel has just returned this fd (an int, so the cast is exact); nothing
     // else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_entries_of_dead_processes_are_left_behind() {
+        let base = tempfile::tempdir().expect("a temp dir");
+        let mut reaped = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let dead = reaped.id();
+        reaped.wait().expect("reap true");
+        let alive = std::process::id();
+        for name in [format!("{dead}-a"), format!("{alive}-b"), "junk".to_owned()] {
+            std::fs::create_dir(base.path().join(name)).expect("create an entry");
+        }
+        let pid_of = |name: &str| name.split_once('-')?.0.parse::<u32>().ok();
+        let left = left_by_dead_processes(base.path(), pid_of);
+        assert_eq!(left, vec![base.path().join(format!("{dead}-a"))]);
+        assert!(is_running(alive));
+        assert!(!is_running(dead));
+    }
 }

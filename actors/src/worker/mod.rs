@@ -13,7 +13,7 @@ mod writer;
 mod zygote;
 
 pub use cgroup::{CgroupLeaf, CgroupLimits, CgroupManager, CgroupMechanism};
-pub use exit::is_running;
+pub use exit::{is_running, left_by_dead_processes};
 pub use janitor::Janitor;
 pub use output::{CappedOutput, Utf8Chunker};
 pub use pump::WorkerEvent;
