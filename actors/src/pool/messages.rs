@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use actix::prelude::*;
+use serde::{Deserialize, Serialize};
 
 use crate::errors::PoolError;
 use crate::worker::{Worker, WorkerSpec};
@@ -86,8 +87,8 @@ pub struct DrainPool;
 #[rtype(result = "PoolStats")]
 pub struct GetPoolStats;
 
-/// The pool figures of `engine.stats` (SPEC.md §2).
-#[derive(Debug, Clone, PartialEq)]
+/// The pool figures of `engine.stats` (SPEC.md §2), in its wire shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolStats {
     /// Ready workers waiting for a session.
     pub idle: usize,

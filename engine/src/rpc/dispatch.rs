@@ -340,16 +340,7 @@ impl Dispatcher {
     async fn stats(&self) -> Result<wire::Stats, RpcError> {
         let stats = self.engine.stats().await?;
         Ok(wire::Stats {
-            pool: wire::PoolFigures {
-                idle: stats.pool.idle,
-                active: stats.pool.active,
-                warming: stats.pool.warming,
-                max_total: stats.pool.max_total,
-                hits: stats.pool.hits,
-                misses: stats.pool.misses,
-                hit_rate: stats.pool.hit_rate,
-                spawn_ms_p50: stats.pool.spawn_ms_p50,
-            },
+            pool: stats.pool,
             sessions: stats.sessions,
             executions: stats.executions,
             crashes: stats.crashes,

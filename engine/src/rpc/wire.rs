@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+pub use pyvisor_actors::pool::PoolStats;
 pub use pyvisor_actors::{DisplayData, ExecutionResult, OutputStream, Transaction};
 pub use pyvisor_protocol::LostName;
 
@@ -215,24 +216,11 @@ pub struct Empty {}
 /// `engine.stats` result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
-    pub pool: PoolFigures,
+    pub pool: PoolStats,
     pub sessions: usize,
     pub executions: u64,
     pub crashes: u64,
     pub restores: u64,
-}
-
-/// The pool part of `engine.stats`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PoolFigures {
-    pub idle: usize,
-    pub active: usize,
-    pub warming: usize,
-    pub max_total: usize,
-    pub hits: u64,
-    pub misses: u64,
-    pub hit_rate: f64,
-    pub spawn_ms_p50: Option<f64>,
 }
 
 /// `engine.health` result.
