@@ -128,27 +128,24 @@ impl Dispatcher {
             limits,
         };
         let session = self.engine.create_session(options).await?;
+        let (pid, python_version) = match session.pid() {
+            Some(pid) => (Some(pid), session.python_version().map(str::to_owned)),
+            None => {
+                // An attach does not carry the worker; ask the session.
+                let info = session.info().await?;
+                (info.pid, info.python_version)
+            }
+        };
         let created = wire::Created {
             session_id: session.id().to_owned(),
-            pid: session.pid(),
-            python_version: session.python_version().map(str::to_owned),
+            pid,
+            python_version,
             warm: session.warm(),
             attached: session.attached(),
             restored: session.restored(),
         };
-        let (pid, python_version) = if created.pid.is_none() {
-            // An attach does not carry the worker; ask the session.
-            let info = session.info().await?;
-            (info.pid, info.python_version)
-        } else {
-            (created.pid, created.python_version.clone())
-        };
         self.remember(&created.session_id, session);
-        Ok(wire::Created {
-            pid,
-            python_version,
-            ..created
-        })
+        Ok(created)
     }
 
     /// The current default limits with `params` applied.
