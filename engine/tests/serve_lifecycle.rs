@@ -243,6 +243,8 @@ async fn serve_with_http_exposes_probes_and_prometheus_metrics_behind_the_token(
         json!({"session_id": session, "code": "print('hi')"}),
     )
     .await;
+    conn.call("session.checkpoint", json!({"session_id": session}))
+        .await;
 
     assert_eq!(http_get(port, "/healthz", None).await.0, 401);
     assert_eq!(http_get(port, "/metrics", Some("wrong")).await.0, 401);
@@ -253,7 +255,8 @@ async fn serve_with_http_exposes_probes_and_prometheus_metrics_behind_the_token(
     }
     let (status, metrics) = http_get(port, "/metrics", Some("s3cret")).await;
     assert_eq!(status, 200);
-    // Counters and gauges show from the start; histograms once something was measured.
+    // Counters and gauges show from the start; histograms once something was measured
+    // (the checkpoint above, for the checkpoint histograms).
     for name in [
         "pyvisor_executions_total{status=\"ok\"} 1",
         "pyvisor_executions_total{status=\"crashed\"} 0",
@@ -265,7 +268,8 @@ async fn serve_with_http_exposes_probes_and_prometheus_metrics_behind_the_token(
         "pyvisor_worker_spawn_seconds",
         "pyvisor_worker_crashes_total 0",
         "pyvisor_restores_total 0",
-        "# HELP pyvisor_checkpoint_seconds",
+        "pyvisor_checkpoint_seconds",
+        "pyvisor_checkpoint_bytes",
     ] {
         assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
     }
