@@ -13,6 +13,7 @@ use pyvisor_actors::session::SessionPhase;
 use pyvisor_actors::SessionLimits;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::errors::RpcError;
@@ -77,7 +78,7 @@ impl Dispatcher {
         method: &str,
         params: Option<Value>,
         out: &Outbound,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Box<RawValue>, RpcError> {
         match method {
             method::CREATE => encode(self.create(decode_or_default(params)?).await?),
             method::EXECUTE => encode(self.execute(decode(params)?, out).await?),
@@ -485,7 +486,8 @@ fn no_params(params: Option<Value>) -> Result<(), RpcError> {
     }
 }
 
-fn encode<T: Serialize>(value: T) -> Result<Value, RpcError> {
-    serde_json::to_value(value)
+/// The result as JSON text, serialized once: a response embeds it as it is.
+fn encode<T: Serialize>(value: T) -> Result<Box<RawValue>, RpcError> {
+    serde_json::value::to_raw_value(&value)
         .map_err(|err| RpcError::new(super::errors::code::INTERNAL_ERROR, err.to_string()))
 }

@@ -3,6 +3,7 @@
 
 use futures::future::join_all;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::dispatch::Dispatcher;
@@ -79,7 +80,7 @@ pub fn error_text(id: &Value, error: RpcError) -> String {
 struct Reply {
     jsonrpc: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    result: Option<Value>,
+    result: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<RpcError>,
     id: Value,

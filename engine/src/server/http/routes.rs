@@ -4,12 +4,14 @@
 //! gives it). Plain HTTP has nowhere to send notifications: an execution's output arrives
 //! whole in its result and `input()` raises `EOFError`; the WebSocket route streams both.
 
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::http::header::ContentType;
+use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{ws, ApiError, State};
-use crate::rpc::wire::{method, ListParams};
+use crate::rpc::wire::{method, Created, ListParams};
 use crate::rpc::{code, Outbound, RpcError};
 
 /// Registers the `/v1` routes.
@@ -44,16 +46,15 @@ struct CloseQuery {
 async fn create(state: web::Data<State>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let params = body_object(body, state.max_request_bytes).await?;
     let created = call(&state, method::CREATE, Value::Object(params)).await?;
-    let attached = created
-        .get("attached")
-        .and_then(Value::as_bool)
+    let attached = serde_json::from_str::<Created>(created.get())
+        .map(|created| created.attached)
         .unwrap_or(false);
     let mut response = if attached {
         HttpResponse::Ok()
     } else {
         HttpResponse::Created()
     };
-    Ok(response.json(created))
+    Ok(json_body(&mut response, created))
 }
 
 /// `GET /v1/sessions[?owner=]`.
@@ -166,7 +167,7 @@ async fn with_body(
 }
 
 /// Runs `method` on the dispatcher. Notifications have no reader here and are dropped.
-async fn call(state: &State, method: &str, params: Value) -> Result<Value, ApiError> {
+async fn call(state: &State, method: &str, params: Value) -> Result<Box<RawValue>, ApiError> {
     let params = (!params.is_null()).then_some(params);
     Ok(state
         .dispatcher
@@ -175,8 +176,15 @@ async fn call(state: &State, method: &str, params: Value) -> Result<Value, ApiEr
 }
 
 /// 200 with the method's result.
-fn respond(result: Result<Value, ApiError>) -> Result<HttpResponse, ApiError> {
-    result.map(|value| HttpResponse::Ok().json(value))
+fn respond(result: Result<Box<RawValue>, ApiError>) -> Result<HttpResponse, ApiError> {
+    result.map(|value| json_body(&mut HttpResponse::Ok(), value))
+}
+
+/// A response whose body is the method's result, already JSON text.
+fn json_body(response: &mut HttpResponseBuilder, value: Box<RawValue>) -> HttpResponse {
+    response
+        .content_type(ContentType::json())
+        .body(Box::<str>::from(value).into_string())
 }
 
 /// Params that only name the session of the path.
