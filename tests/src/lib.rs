@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::StreamExt;
-use pyvisor::{Engine, EngineConfig, Execution, ExecutionEvent, ExecutionResult, Session};
+use pyvisor::{
+    AutoCheckpoint, Engine, EngineConfig, Execution, ExecutionEvent, ExecutionResult, Session,
+    StateConfig,
+};
 
 /// An engine with default settings, as an embedder gets it.
 pub async fn engine() -> Engine {
@@ -18,6 +21,19 @@ pub async fn engine_with(mut config: EngineConfig) -> Engine {
         config.state.dir = Some(state_dir());
     }
     Engine::start(config).await.expect("engine starts")
+}
+
+/// Checkpoint settings under which sessions checkpoint only when asked, so that a test knows
+/// what is on disk: an automatic checkpoint is written in the background, at a moment no test
+/// can count on.
+pub fn manual_checkpoints() -> StateConfig {
+    StateConfig {
+        auto: AutoCheckpoint {
+            after_changes: 0,
+            ..AutoCheckpoint::default()
+        },
+        ..StateConfig::default()
+    }
 }
 
 /// A new, empty state directory under the system's temporary directory. It is left behind

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use pyvisor::{EngineConfig, PoolConfig};
-use pyvisor_tests::{engine_with, run};
+use pyvisor_tests::{engine_with, manual_checkpoints, run, within};
 
 #[tokio::test]
 async fn the_engine_records_the_spec_metrics() {
@@ -22,15 +22,17 @@ async fn the_engine_records_the_spec_metrics() {
             min_idle: 1,
             ..PoolConfig::default()
         },
+        // The test takes its one checkpoint itself: an automatic one, written in the
+        // background, would race the metrics and the crash below.
+        state: manual_checkpoints(),
         ..EngineConfig::default()
     })
     .await;
     let session = engine.create_session(Default::default()).await.unwrap();
     run(&session, "x = 1").await;
-    // The automatic checkpoint after `x = 1` is written in the background.
-    while session.checkpoints().await.unwrap().is_empty() {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    // Its reply comes after the checkpoint's metrics are recorded, and the crash below then
+    // restores from it.
+    within(session.checkpoint()).await.unwrap();
     run(&session, "1 + 1").await;
     run(&session, "1 / 0").await;
     run(

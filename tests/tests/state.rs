@@ -10,18 +10,14 @@ use pyvisor::{
     AutoCheckpoint, Engine, EngineConfig, ExecuteRequest, ExecutionStatus, SessionOptions,
     StateConfig,
 };
-use pyvisor_tests::{engine_with, run, state_dir, within};
+use pyvisor_tests::{engine_with, manual_checkpoints, run, state_dir, within};
 
 /// An engine whose sessions checkpoint only when asked, so tests know what is on disk.
 async fn engine_in(dir: &Path) -> Engine {
     engine_with(EngineConfig {
         state: StateConfig {
             dir: Some(dir.to_owned()),
-            auto: AutoCheckpoint {
-                after_changes: 0,
-                ..AutoCheckpoint::default()
-            },
-            ..StateConfig::default()
+            ..manual_checkpoints()
         },
         ..EngineConfig::default()
     })

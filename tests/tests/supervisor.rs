@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use pyvisor::{
-    EngineError, ExecuteRequest, ExecutionStatus, SessionError, SessionOptions, SessionPhase,
-    SupervisorError,
+    EngineConfig, EngineError, ExecuteRequest, ExecutionStatus, SessionError, SessionOptions,
+    SessionPhase, SupervisorError,
 };
-use pyvisor_tests::{engine, process_gone, run, within};
+use pyvisor_tests::{engine, engine_with, manual_checkpoints, process_gone, run, within};
 
 fn named(name: &str, owner: Option<&str>) -> SessionOptions {
     SessionOptions {
@@ -108,7 +108,12 @@ async fn a_caller_that_states_an_owner_reaches_only_its_own_sessions() {
 
 #[tokio::test]
 async fn a_session_whose_worker_dies_comes_back_under_the_same_id_and_says_so() {
-    let engine = engine().await;
+    // No automatic checkpoint: the session is to come back with a fresh namespace.
+    let engine = engine_with(EngineConfig {
+        state: manual_checkpoints(),
+        ..EngineConfig::default()
+    })
+    .await;
     let session = engine
         .create_session(named("survivor", None))
         .await
