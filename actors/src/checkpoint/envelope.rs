@@ -7,11 +7,12 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
+use super::blobs::StoredGroup;
 use super::errors::{CheckpointError, CorruptionError};
 use super::meta::LostName;
 
 /// The file format version this build writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 
 /// Payloads longer than this many bytes (1 MiB) are compressed with zstd.
 pub const COMPRESSION_THRESHOLD: usize = 1024 * 1024;
@@ -46,6 +47,8 @@ pub(super) struct Envelope {
     pub payload_bytes: u64,
     pub names_saved: Vec<String>,
     pub names_lost: Vec<LostName>,
+    /// The groups of names whose values are in blobs beside the file (format 2).
+    pub groups: Vec<StoredGroup>,
 }
 
 /// An envelope encoded with postcard, no longer than [`MAX_ENVELOPE_BYTES`].
@@ -318,6 +321,7 @@ mod tests {
                 name: "sock".into(),
                 reason: "cannot pickle 'socket' object".into(),
             }],
+            groups: Vec::new(),
         }
     }
 
@@ -432,12 +436,14 @@ mod tests {
 
     #[test]
     fn other_versions_and_flags_are_refused() {
-        let mut file = file_with(b"x");
-        file[8] = 2;
-        assert!(matches!(
-            decode_file(&file, 1 << 20),
-            Err(CorruptionError::UnsupportedVersion { version: 2 })
-        ));
+        for version in [1, 3] {
+            let mut file = file_with(b"x");
+            file[8] = version;
+            assert!(matches!(
+                decode_file(&file, 1 << 20),
+                Err(CorruptionError::UnsupportedVersion { version: v }) if v == u16::from(version)
+            ));
+        }
 
         let mut file = file_with(b"x");
         file[10] = 0x02;

@@ -45,6 +45,17 @@ pub enum CheckpointError {
     /// Neither `XDG_STATE_HOME` (absolute) nor `HOME` is set.
     #[error("find the state directory: neither XDG_STATE_HOME nor HOME is set")]
     NoStateDir,
+    /// A group said to be unchanged is in no retained checkpoint of the session.
+    #[error("save a checkpoint reusing group {token:?}: no retained checkpoint has it")]
+    UnknownGroup { token: String },
+    /// Saving would take the state directory over one of its disk caps.
+    #[error("save a checkpoint: it would take {scope} checkpoints to {bytes} bytes on disk, over the cap of {limit} bytes")]
+    DiskFull {
+        /// `this session's` or `all sessions'`, for the message.
+        scope: &'static str,
+        bytes: u64,
+        limit: u64,
+    },
     /// A file system operation failed.
     #[error("{action} {path}: {source}")]
     Io {
@@ -103,6 +114,15 @@ pub enum CorruptionError {
     /// The compressed payload does not decompress.
     #[error("decompress the payload: {0}")]
     Decompress(#[source] io::Error),
+    /// A blob the checkpoint refers to is not there.
+    #[error("its blob {blob} is missing")]
+    BlobMissing { blob: String },
+    /// A blob the checkpoint refers to does not have the recorded length.
+    #[error("a blob is {actual} bytes, the checkpoint says {expected}")]
+    BlobLength { expected: u64, actual: u64 },
+    /// A blob the checkpoint refers to does not match its hash.
+    #[error("a blob does not match its hash")]
+    BlobChecksum,
     /// The payload does not have the length the metadata records.
     #[error("the payload is {actual} bytes, its metadata says {expected}")]
     PayloadLength { expected: u64, actual: u64 },

@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+use super::blobs::LoadedGroup;
 use super::errors::{CheckpointError, CorruptionError};
 
 /// The id of a checkpoint within its session, written `c-<sequence>`.
@@ -88,6 +89,11 @@ pub struct CheckpointInfo {
     pub file_bytes: u64,
     /// Whether the payload is stored compressed.
     pub compressed: bool,
+    /// The bytes of the blobs that hold the checkpoint's values, shared or not.
+    pub state_bytes: u64,
+    /// What saving the checkpoint added to the disk (new blobs and the file); only known to
+    /// the save that wrote it.
+    pub written_bytes: Option<u64>,
 }
 
 /// A checkpoint read back from disk.
@@ -97,6 +103,8 @@ pub struct LoadedCheckpoint {
     pub info: CheckpointInfo,
     /// The payload exactly as it was given to `save`.
     pub payload: Vec<u8>,
+    /// The groups of names and their blobs, each checked against its hash.
+    pub groups: Vec<LoadedGroup>,
     /// Newer checkpoints of the session that were skipped because they are unusable.
     pub skipped: Vec<SkippedCheckpoint>,
 }

@@ -1,16 +1,20 @@
-//! [`CheckpointStore`]: saves, lists, loads and prunes the checkpoint files of every session
-//! under one state directory.
+//! [`CheckpointStore`]: saves, lists, loads and prunes the checkpoints of every session under
+//! one state directory, with the blobs they share.
 //!
 //! The SessionActor saves through it after a checkpoint request to its worker, and the
 //! Supervisor loads through it when it restarts a session or the engine.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, DirBuilder, File};
 use std::io::{self, Read};
 use std::num::NonZeroUsize;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::blobs::{self, BlobRef, GroupSource, LoadedGroup, NewGroup, StoredGroup, BLOBS_DIR};
 use super::envelope::{
     decode_file, prepare_payload, read_summary, write_file, Envelope, HEADER_LEN,
     MAX_ENVELOPE_BYTES, TRAILER_LEN,
@@ -24,14 +28,23 @@ use super::meta::{
     CheckpointId, CheckpointInfo, CheckpointMeta, LoadedCheckpoint, SkippedCheckpoint,
 };
 
-/// How many checkpoints a session keeps by default.
-pub const DEFAULT_RETENTION: NonZeroUsize = match NonZeroUsize::new(5) {
+/// How many checkpoints a session keeps by default. Checkpoints share the blobs of the groups
+/// they have in common, so keeping many costs only their differences.
+pub const DEFAULT_RETENTION: NonZeroUsize = match NonZeroUsize::new(50) {
     Some(retention) => retention,
-    None => panic!("5 is not zero"),
+    None => panic!("50 is not zero"),
 };
 
-/// The largest payload a checkpoint may have by default: 10 MiB.
-pub const DEFAULT_MAX_BYTES: usize = 10 * 1024 * 1024;
+/// The largest payload (the worker's index of a checkpoint) and the largest state a
+/// checkpoint may hold, engine-wide: 64 GiB. Each session is held to its own, smaller limit
+/// (by default its memory limit).
+pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024 * 1024;
+
+/// What the checkpoints of one session may take on disk by default: 8 GiB.
+pub const DEFAULT_SESSION_DISK_BYTES: u64 = 8 * 1024 * 1024 * 1024;
+
+/// What the checkpoints of all sessions may take on disk by default: 32 GiB.
+pub const DEFAULT_TOTAL_DISK_BYTES: u64 = 32 * 1024 * 1024 * 1024;
 
 /// How often a save retries when a concurrent save took its sequence number.
 const PUBLISH_ATTEMPTS: usize = 8;
@@ -43,35 +56,57 @@ pub struct CheckpointStoreConfig {
     /// [`default_state_dir`](super::default_state_dir).
     pub root: PathBuf,
     /// How many checkpoints each session keeps, the newest ones. Default
-    /// [`DEFAULT_RETENTION`] (5).
+    /// [`DEFAULT_RETENTION`] (50).
     pub retention: NonZeroUsize,
-    /// The largest payload, before compression, that `save` accepts and `load` reads back.
-    /// Default [`DEFAULT_MAX_BYTES`] (10 MiB).
+    /// The largest payload, before compression, that `save` accepts and `load` reads back,
+    /// and the largest state a checkpoint may hold. Default [`DEFAULT_MAX_BYTES`].
     pub max_bytes: usize,
+    /// What one session's checkpoints may take on disk; the oldest are pruned to stay below.
+    pub session_disk_bytes: u64,
+    /// What all sessions' checkpoints may take on disk.
+    pub total_disk_bytes: u64,
 }
 
 impl CheckpointStoreConfig {
-    /// A configuration rooted at `root` with the default retention and size limit.
+    /// A configuration rooted at `root` with the default retention and limits.
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Self {
             root: root.into(),
             retention: DEFAULT_RETENTION,
             max_bytes: DEFAULT_MAX_BYTES,
+            session_disk_bytes: DEFAULT_SESSION_DISK_BYTES,
+            total_disk_bytes: DEFAULT_TOTAL_DISK_BYTES,
         }
     }
+}
+
+/// A checkpoint to save: the caller's metadata, the worker's index of the checkpoint (opaque
+/// to the store) and the groups of names whose values are in blobs.
+#[derive(Debug, Clone, Copy)]
+pub struct NewCheckpoint<'a> {
+    pub meta: &'a CheckpointMeta,
+    pub payload: &'a [u8],
+    pub groups: &'a [NewGroup],
+    /// The most the groups' blobs may hold together (the session's own limit).
+    pub max_state_bytes: u64,
 }
 
 /// The checkpoints of every session, as files under one state directory.
 ///
 /// Every method does blocking file I/O, fsync included: call it through
 /// `tokio::task::spawn_blocking`, never from an actor's handler. The store is cheap to clone
-/// into such a closure. Use one store per state directory at a time: [`CheckpointStore::open`]
-/// removes the temporary files that crashed saves leave, and would break another process's
-/// save in progress.
+/// into such a closure, and clones share its locks and its account of the disk. Use one store
+/// per state directory at a time: [`CheckpointStore::open`] removes the temporary files that
+/// crashed saves leave, and would break another process's save in progress.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
     config: CheckpointStoreConfig,
     sessions_dir: PathBuf,
+    /// Bytes that every session's checkpoints take on disk, blobs included.
+    total_usage: Arc<AtomicU64>,
+    /// One lock per session directory: a save, its pruning and its garbage collection must not
+    /// interleave with another save of the same session.
+    session_locks: Arc<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>>,
 }
 
 impl CheckpointStore {
@@ -87,8 +122,16 @@ impl CheckpointStore {
         let store = Self {
             config,
             sessions_dir,
+            total_usage: Arc::default(),
+            session_locks: Arc::default(),
         };
         store.remove_temp_files()?;
+        let usage = store
+            .session_dirs()?
+            .iter()
+            .map(|dir| session_usage(dir))
+            .sum();
+        store.total_usage.store(usage, Ordering::Relaxed);
         Ok(store)
     }
 
@@ -97,8 +140,13 @@ impl CheckpointStore {
         self.config.max_bytes
     }
 
-    /// Saves a checkpoint of `session` as its newest, then prunes its oldest beyond the
-    /// retention.
+    /// Bytes that the checkpoints of every session take on disk now.
+    pub fn disk_usage(&self) -> u64 {
+        self.total_usage.load(Ordering::Relaxed)
+    }
+
+    /// Saves a checkpoint of `session` whose whole state is `payload`, as its newest, then
+    /// prunes its oldest beyond the retention.
     ///
     /// Fails with [`CheckpointError::TooLarge`] when the payload exceeds `max_bytes`. Once this
     /// returns, the checkpoint is on disk (file and directory entry fsynced).
@@ -108,16 +156,117 @@ impl CheckpointStore {
         meta: &CheckpointMeta,
         payload: &[u8],
     ) -> Result<CheckpointInfo, CheckpointError> {
+        self.save_checkpoint(
+            session,
+            NewCheckpoint {
+                meta,
+                payload,
+                groups: &[],
+                max_state_bytes: self.config.max_bytes as u64,
+            },
+        )
+    }
+
+    /// Saves `checkpoint` of `session` as its newest: takes the blob files of its new groups
+    /// into the store, writes the checkpoint file, then prunes the oldest checkpoints beyond
+    /// the retention and the disk caps and removes the blobs no checkpoint refers to.
+    ///
+    /// Fails with [`CheckpointError::TooLarge`] when the payload or the state is over its
+    /// limit, [`CheckpointError::UnknownGroup`] when an unchanged group is in no retained
+    /// checkpoint, and [`CheckpointError::DiskFull`] when the checkpoint alone would take the
+    /// session or the store over its disk cap. Whatever fails, the blob files given are gone
+    /// afterwards and the session's earlier checkpoints are untouched.
+    pub fn save_checkpoint(
+        &self,
+        session: &str,
+        checkpoint: NewCheckpoint<'_>,
+    ) -> Result<CheckpointInfo, CheckpointError> {
+        let remove_sources = || {
+            for group in checkpoint.groups {
+                if let GroupSource::File(path) = &group.source {
+                    let _ = fs::remove_file(path);
+                }
+            }
+        };
+        let payload = checkpoint.payload;
         if payload.len() > self.config.max_bytes {
+            remove_sources();
             return Err(CheckpointError::TooLarge {
                 bytes: payload.len() as u64,
                 limit: self.config.max_bytes as u64,
             });
         }
         let dir = self.session_dir(session);
-        self.create_session_dir(&dir)?;
+        if let Err(err) = self.create_session_dir(&dir) {
+            remove_sources();
+            return Err(err);
+        }
+        let lock = self.session_lock(&dir);
+        let _held = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let usage_before = session_usage(&dir);
+        let outcome = self.write_checkpoint(session, &dir, checkpoint);
+        if outcome.is_err() {
+            remove_sources();
+        }
+        // Whatever happened, no blob outlives the checkpoints that refer to it.
+        self.collect_garbage(&dir);
+        let written = session_usage(&dir);
+        self.account(usage_before, written);
+        let mut info = outcome?;
+        self.enforce_caps(session, &dir, &info, written)?;
+        info.written_bytes = Some(written.saturating_sub(usage_before).max(info.file_bytes));
+        Ok(info)
+    }
+
+    /// Takes the new blobs in and writes the checkpoint file; pruning and caps come after.
+    fn write_checkpoint(
+        &self,
+        session: &str,
+        dir: &Path,
+        checkpoint: NewCheckpoint<'_>,
+    ) -> Result<CheckpointInfo, CheckpointError> {
+        let blobs_dir = dir.join(BLOBS_DIR);
+        if !checkpoint.groups.is_empty() {
+            match DirBuilder::new().mode(0o700).create(&blobs_dir) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(err) => return Err(io_error("create", &blobs_dir)(err)),
+            }
+        }
+        let retained = retained_groups(session, dir)?;
+        let max_state = checkpoint.max_state_bytes.min(self.config.max_bytes as u64);
+        let mut groups = Vec::with_capacity(checkpoint.groups.len());
+        let mut state_bytes = 0u64;
+        for group in checkpoint.groups {
+            let blob = match &group.source {
+                GroupSource::Unchanged => match retained.get(group.token.as_str()) {
+                    Some(blob) => *blob,
+                    None => {
+                        return Err(CheckpointError::UnknownGroup {
+                            token: group.token.clone(),
+                        })
+                    }
+                },
+                GroupSource::File(path) => blobs::ingest(&blobs_dir, path, max_state)?.0,
+            };
+            state_bytes = state_bytes.saturating_add(blob.bytes);
+            if state_bytes > max_state {
+                return Err(CheckpointError::TooLarge {
+                    bytes: state_bytes,
+                    limit: max_state,
+                });
+            }
+            groups.push(StoredGroup {
+                token: group.token.clone(),
+                names: group.names.clone(),
+                blob,
+            });
+        }
+
+        let payload = checkpoint.payload;
+        let meta = checkpoint.meta;
         let stored =
-            prepare_payload(payload).map_err(io_error("compress a checkpoint for", &dir))?;
+            prepare_payload(payload).map_err(io_error("compress a checkpoint for", dir))?;
         let created_at_ms = u64::try_from(
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -127,12 +276,13 @@ impl CheckpointStore {
         .unwrap_or(u64::MAX);
         let mut envelope = Envelope {
             session: session.to_owned(),
-            sequence: next_sequence(&dir)?,
+            sequence: next_sequence(dir)?,
             execution_count: meta.execution_count,
             created_at_ms,
             payload_bytes: payload.len() as u64,
             names_saved: meta.names_saved.clone(),
             names_lost: meta.names_lost.clone(),
+            groups,
         };
 
         for _ in 0..PUBLISH_ATTEMPTS {
@@ -141,8 +291,8 @@ impl CheckpointStore {
             let mut temp = tempfile::Builder::new()
                 .prefix(TEMP_PREFIX)
                 .suffix(TEMP_SUFFIX)
-                .tempfile_in(&dir)
-                .map_err(io_error("create a temporary checkpoint file in", &dir))?;
+                .tempfile_in(dir)
+                .map_err(io_error("create a temporary checkpoint file in", dir))?;
             let file_bytes = write_file(temp.as_file_mut(), &encoded, &stored)
                 .map_err(io_error("write", temp.path()))?;
             temp.as_file()
@@ -151,8 +301,8 @@ impl CheckpointStore {
             // Never replace: two saves racing for one sequence must not lose either.
             match temp.persist_noclobber(&path) {
                 Ok(_) => {
-                    sync_dir(&dir)?;
-                    self.prune(&dir);
+                    sync_dir(dir)?;
+                    self.prune(dir);
                     return Ok(CheckpointInfo {
                         id: CheckpointId::from_sequence(envelope.sequence),
                         session: envelope.session,
@@ -161,22 +311,117 @@ impl CheckpointStore {
                         payload_bytes: envelope.payload_bytes,
                         file_bytes,
                         compressed: stored.compressed(),
+                        state_bytes,
+                        written_bytes: None,
                     });
                 }
                 Err(err) if err.error.kind() == io::ErrorKind::AlreadyExists => {
-                    envelope.sequence = next_sequence(&dir)?.max(envelope.sequence + 1);
+                    envelope.sequence = next_sequence(dir)?.max(envelope.sequence + 1);
                 }
                 Err(err) => return Err(io_error("publish", &path)(err.error)),
             }
         }
         Err(CheckpointError::Io {
             action: "publish a checkpoint in",
-            path: dir,
+            path: dir.to_owned(),
             source: io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 "concurrent saves kept taking the next sequence number",
             ),
         })
+    }
+
+    /// Prunes the oldest checkpoints of a session while it, or the whole store, is over its
+    /// disk cap. A newest checkpoint `newest` that is over a cap by itself is removed instead,
+    /// the earlier ones left as they are, and the caller is told.
+    fn enforce_caps(
+        &self,
+        session: &str,
+        dir: &Path,
+        newest: &CheckpointInfo,
+        mut usage: u64,
+    ) -> Result<(), CheckpointError> {
+        let alone = newest.state_bytes.saturating_add(newest.file_bytes);
+        let others = self
+            .total_usage
+            .load(Ordering::Relaxed)
+            .saturating_sub(usage);
+        let refusal = if alone > self.config.session_disk_bytes {
+            Some(("this session's", alone, self.config.session_disk_bytes))
+        } else if others.saturating_add(alone) > self.config.total_disk_bytes {
+            Some((
+                "all sessions'",
+                others + alone,
+                self.config.total_disk_bytes,
+            ))
+        } else {
+            None
+        };
+        if let Some((scope, bytes, limit)) = refusal {
+            remove_if_there(&dir.join(checkpoint_file_name(newest.id.sequence())));
+            self.collect_garbage(dir);
+            self.account(usage, session_usage(dir));
+            return Err(CheckpointError::DiskFull {
+                scope,
+                bytes,
+                limit,
+            });
+        }
+        let over = |store: &Self, usage: u64| {
+            usage > store.config.session_disk_bytes
+                || store.total_usage.load(Ordering::Relaxed) > store.config.total_disk_bytes
+        };
+        while over(self, usage) {
+            let oldest = sequences(dir)?
+                .into_iter()
+                .rev()
+                .find(|s| *s != newest.id.sequence());
+            let Some(oldest) = oldest else { break };
+            tracing::info!(session, checkpoint = %CheckpointId::from_sequence(oldest), "pruning a checkpoint to stay within the disk cap");
+            remove_if_there(&dir.join(checkpoint_file_name(oldest)));
+            self.collect_garbage(dir);
+            let now = session_usage(dir);
+            self.account(usage, now);
+            usage = now;
+        }
+        Ok(())
+    }
+
+    /// Removes the blobs of a session that none of its checkpoints refers to.
+    fn collect_garbage(&self, dir: &Path) {
+        let blobs_dir = dir.join(BLOBS_DIR);
+        if !blobs_dir.exists() {
+            return;
+        }
+        match referenced_blobs(dir) {
+            Ok(referenced) => {
+                blobs::collect_garbage(&blobs_dir, &referenced);
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot tell which checkpoint blobs are used"),
+        }
+    }
+
+    /// Moves the store's account of the disk from a session's usage `before` to `after`.
+    fn account(&self, before: u64, after: u64) {
+        if after >= before {
+            self.total_usage
+                .fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            let freed = before - after;
+            let _ = self
+                .total_usage
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
+                    Some(total.saturating_sub(freed))
+                });
+        }
+    }
+
+    fn session_lock(&self, dir: &Path) -> Arc<Mutex<()>> {
+        let mut locks = self
+            .session_locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks.entry(dir.to_owned()).or_default().clone()
     }
 
     /// Loads a checkpoint of `session`: the one named by `id`, or else the newest usable one.
@@ -194,9 +439,10 @@ impl CheckpointStore {
         if let Some(id) = id {
             let path = dir.join(checkpoint_file_name(id.sequence()));
             return match self.read_checkpoint(session, &path, id) {
-                Ok((info, payload)) => Ok(LoadedCheckpoint {
+                Ok((info, payload, groups)) => Ok(LoadedCheckpoint {
                     info,
                     payload,
+                    groups,
                     skipped: Vec::new(),
                 }),
                 Err(CorruptionError::Read(err)) if err.kind() == io::ErrorKind::NotFound => {
@@ -218,10 +464,11 @@ impl CheckpointStore {
             let id = CheckpointId::from_sequence(sequence);
             let path = dir.join(checkpoint_file_name(sequence));
             match self.read_checkpoint(session, &path, id) {
-                Ok((info, payload)) => {
+                Ok((info, payload, groups)) => {
                     return Ok(LoadedCheckpoint {
                         info,
                         payload,
+                        groups,
                         skipped,
                     })
                 }
@@ -287,8 +534,12 @@ impl CheckpointStore {
     /// Removes every checkpoint of `session`; returns whether it had a directory.
     pub fn remove_session(&self, session: &str) -> Result<bool, CheckpointError> {
         let dir = self.session_dir(session);
+        let lock = self.session_lock(&dir);
+        let _held = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let usage = session_usage(&dir);
         match fs::remove_dir_all(&dir) {
             Ok(()) => {
+                self.account(usage, 0);
                 sync_dir(&self.sessions_dir)?;
                 Ok(true)
             }
@@ -373,13 +624,13 @@ impl CheckpointStore {
         }
     }
 
-    /// Reads and checks one whole checkpoint file.
+    /// Reads and checks one whole checkpoint file and the blobs it refers to.
     fn read_checkpoint(
         &self,
         session: &str,
         path: &Path,
         id: CheckpointId,
-    ) -> Result<(CheckpointInfo, Vec<u8>), CorruptionError> {
+    ) -> Result<(CheckpointInfo, Vec<u8>, Vec<LoadedGroup>), CorruptionError> {
         // A valid file within the limit is never longer than this: a payload is stored
         // compressed only when that makes it shorter.
         let max_payload = self.config.max_bytes as u64;
@@ -394,7 +645,8 @@ impl CheckpointStore {
         file.take(max_file + 1)
             .read_to_end(&mut bytes)
             .map_err(CorruptionError::Read)?;
-        let decoded = decode_file(&bytes, max_payload)?;
+        let mut decoded = decode_file(&bytes, max_payload)?;
+        let stored_groups = std::mem::take(&mut decoded.envelope.groups);
         let info = checked_info(
             session,
             id,
@@ -402,7 +654,19 @@ impl CheckpointStore {
             bytes.len() as u64,
             decoded.compressed,
         )?;
-        Ok((info, decoded.payload))
+        let blobs_dir = path.with_file_name(BLOBS_DIR);
+        let mut groups = Vec::with_capacity(stored_groups.len());
+        for group in stored_groups {
+            let blob_path = blobs_dir.join(group.blob.file_name());
+            blobs::verify(&blob_path, &group.blob)?;
+            groups.push(LoadedGroup {
+                token: group.token,
+                names: group.names,
+                path: blob_path,
+                bytes: group.blob.bytes,
+            });
+        }
+        Ok((info, decoded.payload, groups))
     }
 }
 
@@ -481,6 +745,8 @@ fn checked_info(
         payload_bytes: envelope.payload_bytes,
         file_bytes,
         compressed,
+        state_bytes: envelope.groups.iter().map(|g| g.blob.bytes).sum(),
+        written_bytes: None,
     })
 }
 
@@ -537,548 +803,67 @@ fn io_error<'a>(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::os::unix::fs::PermissionsExt;
-    use std::process::{Child, Command, Stdio};
-    use std::time::Instant;
-
-    use proptest::prelude::*;
-    use tempfile::TempDir;
-
-    use super::*;
-    use crate::checkpoint::{LostName, COMPRESSION_THRESHOLD};
-
-    const SESSION: &str = "notebook";
-
-    fn store_in(root: &Path, retention: usize, max_bytes: usize) -> CheckpointStore {
-        CheckpointStore::open(CheckpointStoreConfig {
-            root: root.to_path_buf(),
-            retention: NonZeroUsize::new(retention).expect("tests use a retention above 0"),
-            max_bytes,
-        })
-        .expect("open the store")
-    }
-
-    fn new_store() -> (TempDir, CheckpointStore) {
-        let root = TempDir::new().expect("create a temp dir");
-        let store = store_in(root.path(), 5, DEFAULT_MAX_BYTES);
-        (root, store)
-    }
-
-    fn meta(execution_count: u64) -> CheckpointMeta {
-        CheckpointMeta {
-            execution_count,
-            names_saved: vec!["df".into(), "model".into()],
-            names_lost: vec![LostName {
-                name: "conn".into(),
-                reason: "cannot pickle 'sqlite3.Connection' object".into(),
-            }],
-        }
-    }
-
-    /// Deterministic bytes that zstd cannot shrink.
-    fn noise(len: usize, seed: u64) -> Vec<u8> {
-        let mut state = seed | 1;
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state.to_le_bytes()[0]
-            })
-            .collect()
-    }
-
-    fn file_of(store: &CheckpointStore, session: &str, sequence: u64) -> PathBuf {
-        store
-            .session_dir(session)
-            .join(checkpoint_file_name(sequence))
-    }
-
-    fn dir_entries(dir: &Path) -> Vec<String> {
-        let mut names: Vec<_> = fs::read_dir(dir)
-            .expect("read dir")
-            .map(|entry| {
-                entry
-                    .expect("dir entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect();
-        names.sort();
-        names
-    }
-
-    #[test]
-    fn small_payload_round_trips_with_its_metadata() {
-        let (_root, store) = new_store();
-        let saved = store.save(SESSION, &meta(3), b"pickle").expect("save");
-        assert_eq!(saved.id.to_string(), "c-1");
-        assert!(!saved.compressed);
-        assert_eq!(saved.payload_bytes, 6);
-
-        let loaded = store.load(SESSION, None).expect("load");
-        assert_eq!(loaded.payload, b"pickle");
-        assert_eq!(loaded.info, saved);
-        assert!(loaded.skipped.is_empty());
-        assert_eq!(store.list(SESSION).expect("list"), vec![saved.clone()]);
-        let by_id = store.load(SESSION, Some(saved.id)).expect("load by id");
-        assert_eq!(by_id.info, saved);
-    }
-
-    #[test]
-    fn large_compressible_payload_is_stored_compressed() {
-        let (_root, store) = new_store();
-        let payload: Vec<u8> = b"column_a,column_b\n1.5,2.5\n"
-            .iter()
-            .copied()
-            .cycle()
-            .take(3 * 1024 * 1024)
-            .collect();
-        let saved = store.save(SESSION, &meta(1), &payload).expect("save");
-        assert!(saved.compressed);
-        let on_disk = fs::metadata(file_of(&store, SESSION, 1))
-            .expect("stat")
-            .len();
-        assert_eq!(on_disk, saved.file_bytes);
-        assert!(
-            on_disk < payload.len() as u64 / 10,
-            "{on_disk} bytes on disk"
-        );
-        assert_eq!(store.load(SESSION, None).expect("load").payload, payload);
-    }
-
-    #[test]
-    fn large_incompressible_payload_is_stored_as_is() {
-        let (_root, store) = new_store();
-        let payload = noise(COMPRESSION_THRESHOLD + 4096, 9);
-        let saved = store.save(SESSION, &meta(1), &payload).expect("save");
-        assert!(!saved.compressed);
-        assert_eq!(store.load(SESSION, None).expect("load").payload, payload);
-    }
-
-    #[test]
-    fn retention_keeps_the_newest_checkpoints() {
-        let root = TempDir::new().expect("temp dir");
-        let store = store_in(root.path(), 3, DEFAULT_MAX_BYTES);
-        for count in 1..=7 {
-            store
-                .save(SESSION, &meta(count), &count.to_le_bytes())
-                .expect("save");
-        }
-        let ids: Vec<_> = store
-            .list(SESSION)
-            .expect("list")
-            .iter()
-            .map(|info| info.id.to_string())
-            .collect();
-        assert_eq!(ids, ["c-7", "c-6", "c-5"]);
-        assert_eq!(dir_entries(&store.session_dir(SESSION)).len(), 3);
-        let oldest = "c-5".parse().expect("id");
-        assert_eq!(
-            store.load(SESSION, Some(oldest)).expect("load").payload,
-            5u64.to_le_bytes()
-        );
-    }
-
-    #[test]
-    fn sequence_continues_after_the_store_is_reopened() {
-        let (root, store) = new_store();
-        store.save(SESSION, &meta(1), b"a").expect("save");
-        store.save(SESSION, &meta(2), b"b").expect("save");
-        drop(store);
-        let store = store_in(root.path(), 5, DEFAULT_MAX_BYTES);
-        let saved = store.save(SESSION, &meta(3), b"c").expect("save");
-        assert_eq!(saved.id.sequence(), 3);
-    }
-
-    #[test]
-    fn payload_over_the_limit_fails_with_the_limit_error() {
-        let root = TempDir::new().expect("temp dir");
-        let store = store_in(root.path(), 5, 1000);
-        store
-            .save(SESSION, &meta(1), &[0; 1000])
-            .expect("a payload at the limit is saved");
-        match store.save(SESSION, &meta(2), &[0; 1001]) {
-            Err(CheckpointError::TooLarge { bytes, limit }) => {
-                assert_eq!((bytes, limit), (1001, 1000));
-            }
-            other => panic!("expected TooLarge, got {other:?}"),
-        }
-        assert_eq!(store.list(SESSION).expect("list").len(), 1);
-    }
-
-    #[test]
-    fn default_limits_are_as_documented() {
-        let config = CheckpointStoreConfig::new("/state");
-        assert_eq!(config.retention.get(), 5);
-        assert_eq!(config.max_bytes, 10 * 1024 * 1024);
-    }
-
-    #[test]
-    fn flipped_byte_in_the_newest_checkpoint_falls_back_to_the_previous() {
-        let (_root, store) = new_store();
-        store.save(SESSION, &meta(1), b"first state").expect("save");
-        store
-            .save(SESSION, &meta(2), b"second state")
-            .expect("save");
-        let newest = file_of(&store, SESSION, 2);
-        let mut bytes = fs::read(&newest).expect("read");
-        let middle = bytes.len() - 8;
-        bytes[middle] ^= 0x01;
-        fs::write(&newest, bytes).expect("write");
-
-        let loaded = store.load(SESSION, None).expect("load");
-        assert_eq!(loaded.payload, b"first state");
-        assert_eq!(loaded.info.meta.execution_count, 1);
-        assert_eq!(loaded.skipped.len(), 1);
-        assert_eq!(loaded.skipped[0].id.sequence(), 2);
-        assert!(matches!(
-            loaded.skipped[0].reason,
-            CorruptionError::Checksum
-        ));
-
-        let by_id = store.load(SESSION, Some(CheckpointId::from_sequence(2)));
-        assert!(matches!(
-            by_id,
-            Err(CheckpointError::Corrupt {
-                reason: CorruptionError::Checksum,
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn truncated_newest_checkpoint_falls_back_to_the_previous() {
-        let (_root, store) = new_store();
-        store.save(SESSION, &meta(1), b"first state").expect("save");
-        store
-            .save(SESSION, &meta(2), &noise(10_000, 2))
-            .expect("save");
-        let newest = file_of(&store, SESSION, 2);
-        let len = fs::metadata(&newest).expect("stat").len();
-        File::options()
-            .write(true)
-            .open(&newest)
-            .and_then(|file| file.set_len(len / 2))
-            .expect("truncate");
-
-        let loaded = store.load(SESSION, None).expect("load");
-        assert_eq!(loaded.payload, b"first state");
-        assert!(matches!(
-            loaded.skipped[0].reason,
-            CorruptionError::Truncated { .. }
-        ));
-        // Listing reads only headers, but still sees that the file is short.
-        let listed: Vec<_> = store
-            .list(SESSION)
-            .expect("list")
-            .iter()
-            .map(|info| info.id.sequence())
-            .collect();
-        assert_eq!(listed, [1]);
-    }
-
-    #[test]
-    fn garbage_files_named_like_checkpoints_are_skipped() {
-        let (_root, store) = new_store();
-        store.save(SESSION, &meta(1), b"state").expect("save");
-        let dir = store.session_dir(SESSION);
-        fs::write(
-            dir.join(checkpoint_file_name(9)),
-            b"not a checkpoint at all, but longer than a header",
-        )
-        .expect("write");
-        fs::write(dir.join(checkpoint_file_name(8)), b"").expect("write");
-        fs::write(dir.join("junk.ckpt"), b"junk").expect("write");
-
-        let loaded = store.load(SESSION, None).expect("load");
-        assert_eq!(loaded.payload, b"state");
-        let skipped: Vec<_> = loaded.skipped.iter().map(|s| s.id.sequence()).collect();
-        assert_eq!(skipped, [9, 8]);
-        assert!(matches!(
-            loaded.skipped[0].reason,
-            CorruptionError::BadMagic
-        ));
-        assert!(matches!(
-            loaded.skipped[1].reason,
-            CorruptionError::Truncated { .. }
-        ));
-        // Numbering continues past the garbage, never reusing its name.
-        let saved = store.save(SESSION, &meta(2), b"next").expect("save");
-        assert_eq!(saved.id.sequence(), 10);
-    }
-
-    #[test]
-    fn no_usable_checkpoint_is_not_found() {
-        let (_root, store) = new_store();
-        match store.load("never-saved", None) {
-            Err(CheckpointError::NotFound { session, skipped }) => {
-                assert_eq!(session, "never-saved");
-                assert!(skipped.is_empty());
-            }
-            other => panic!("expected NotFound, got {other:?}"),
-        }
-
-        store.save(SESSION, &meta(1), b"state").expect("save");
-        fs::write(file_of(&store, SESSION, 1), b"PYVCKPT\0garbage").expect("write");
-        match store.load(SESSION, None) {
-            Err(CheckpointError::NotFound { skipped, .. }) => assert_eq!(skipped.len(), 1),
-            other => panic!("expected NotFound, got {other:?}"),
-        }
-        assert!(matches!(
-            store.load(SESSION, Some(CheckpointId::from_sequence(99))),
-            Err(CheckpointError::UnknownCheckpoint { .. })
-        ));
-    }
-
-    #[test]
-    fn checkpoint_moved_into_another_session_is_not_loaded_for_it() {
-        let (_root, store) = new_store();
-        store
-            .save("alice", &meta(1), b"alice's data")
-            .expect("save");
-        store.save("bob", &meta(1), b"bob's data").expect("save");
-        fs::copy(file_of(&store, "alice", 1), file_of(&store, "bob", 2)).expect("copy");
-
-        let loaded = store.load("bob", None).expect("load");
-        assert_eq!(loaded.payload, b"bob's data");
-        assert!(matches!(
-            loaded.skipped[0].reason,
-            CorruptionError::WrongSession { ref found } if found == "alice"
-        ));
-    }
-
-    #[test]
-    fn temporary_files_are_ignored_and_removed_on_open() {
-        let (root, store) = new_store();
-        store.save(SESSION, &meta(1), b"state").expect("save");
-        let dir = store.session_dir(SESSION);
-        let leftover = dir.join(format!("{TEMP_PREFIX}crashed{TEMP_SUFFIX}"));
-        fs::write(&leftover, b"PYVCKPT\0half a checkpo").expect("write");
-
-        assert_eq!(store.load(SESSION, None).expect("load").payload, b"state");
-        assert_eq!(store.list(SESSION).expect("list").len(), 1);
-        store_in(root.path(), 5, DEFAULT_MAX_BYTES);
-        assert!(!leftover.exists());
-        assert_eq!(dir_entries(&dir), [checkpoint_file_name(1)]);
-    }
-
-    #[test]
-    fn hostile_session_names_stay_inside_the_store() {
-        let outer = TempDir::new().expect("temp dir");
-        let root = outer.path().join("state");
-        let store = store_in(&root, 5, DEFAULT_MAX_BYTES);
-        let long = "x".repeat(5000);
-        let names = ["../x", "/", "", "..", ".", "a/../../b", "\u{0}", &long];
-        for (count, name) in names.iter().enumerate() {
-            store
-                .save(name, &meta(count as u64), name.as_bytes())
-                .expect("save");
-        }
-        for name in names {
-            assert_eq!(
-                store.load(name, None).expect("load").payload,
-                name.as_bytes()
-            );
-        }
-        // Nothing was written outside <root>/sessions/<one directory per session>.
-        assert_eq!(dir_entries(outer.path()), ["state"]);
-        assert_eq!(dir_entries(&root), [SESSIONS_DIR]);
-        let sessions_dir = root.join(SESSIONS_DIR);
-        assert_eq!(dir_entries(&sessions_dir).len(), names.len());
-        for dir in dir_entries(&sessions_dir) {
-            assert_eq!(
-                dir_entries(&sessions_dir.join(dir)),
-                [checkpoint_file_name(1)]
-            );
-        }
-        let mut expected: Vec<String> = names.iter().map(|name| name.to_string()).collect();
-        expected.sort();
-        assert_eq!(store.sessions().expect("sessions"), expected);
-    }
-
-    #[test]
-    fn directories_are_private_and_files_owner_only() {
-        let (root, store) = new_store();
-        store.save(SESSION, &meta(1), b"secret").expect("save");
-        let mode = |path: &Path| fs::metadata(path).expect("stat").permissions().mode() & 0o777;
-        assert_eq!(mode(&root.path().join(SESSIONS_DIR)), 0o700);
-        assert_eq!(mode(&store.session_dir(SESSION)), 0o700);
-        assert_eq!(mode(&file_of(&store, SESSION, 1)), 0o600);
-    }
-
-    #[test]
-    fn sessions_on_disk_are_found_and_removed() {
-        let (root, store) = new_store();
-        store.save("b", &meta(1), b"1").expect("save");
-        store.save("a", &meta(1), b"1").expect("save");
-        // A restarted engine finds them.
-        let store = store_in(root.path(), 5, DEFAULT_MAX_BYTES);
-        assert_eq!(store.sessions().expect("sessions"), ["a", "b"]);
-
-        assert!(store.remove_session("a").expect("remove"));
-        assert!(!store.remove_session("a").expect("remove again"));
-        assert_eq!(store.sessions().expect("sessions"), ["b"]);
-        assert!(matches!(
-            store.load("a", None),
-            Err(CheckpointError::NotFound { .. })
-        ));
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(128))]
-
-        #[test]
-        fn corrupt_files_never_panic_nor_load_wrong_data(
-            compressible in any::<bool>(),
-            flips in prop::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..6),
-            cut in prop::option::of(any::<prop::sample::Index>()),
-            extra in prop::collection::vec(any::<u8>(), 0..3),
-        ) {
-            let (_root, store) = new_store();
-            let payload = if compressible {
-                vec![b'z'; COMPRESSION_THRESHOLD + 10]
-            } else {
-                noise(300, 5)
-            };
-            store.save(SESSION, &meta(4), &payload).expect("save");
-            let path = file_of(&store, SESSION, 1);
-            let mut bytes = fs::read(&path).expect("read");
-            for (at, mask) in flips {
-                let at = at.index(bytes.len());
-                bytes[at] ^= mask;
-            }
-            if let Some(cut) = cut {
-                bytes.truncate(cut.index(bytes.len()));
-            }
-            bytes.extend(extra);
-            fs::write(&path, &bytes).expect("write");
-
-            store.list(SESSION).expect("list");
-            match store.load(SESSION, None) {
-                Ok(loaded) => {
-                    prop_assert_eq!(loaded.payload, payload);
-                    prop_assert_eq!(loaded.info.meta, meta(4));
-                }
-                Err(CheckpointError::NotFound { skipped, .. }) => prop_assert_eq!(skipped.len(), 1),
-                Err(other) => prop_assert!(false, "unexpected error {other}"),
+/// The blob of every group of the retained checkpoints of a session, by the group's token.
+fn retained_groups(session: &str, dir: &Path) -> Result<HashMap<String, BlobRef>, CheckpointError> {
+    let mut groups = HashMap::new();
+    for envelope in envelopes(dir)? {
+        if envelope.session == session {
+            for group in envelope.groups {
+                groups.entry(group.token).or_insert(group.blob);
             }
         }
     }
+    Ok(groups)
+}
 
-    /// Set to a store root, this makes [`crash_writer`] save checkpoints until it is killed.
-    const WRITER_ENV: &str = "PYVISOR_TEST_CHECKPOINT_WRITER_ROOT";
+/// The blobs that the checkpoints of a session refer to. A checkpoint whose metadata cannot be
+/// read refers to none: it cannot be loaded anyway.
+fn referenced_blobs(dir: &Path) -> Result<HashSet<BlobRef>, CheckpointError> {
+    Ok(envelopes(dir)?
+        .into_iter()
+        .flat_map(|envelope| envelope.groups)
+        .map(|group| group.blob)
+        .collect())
+}
 
-    /// The payload the writer saves with a given execution count: partly incompressible, so
-    /// zstd works and the file is large.
-    fn writer_payload(execution_count: u64) -> Vec<u8> {
-        let mut payload = noise(3 * 1024 * 1024, execution_count);
-        payload.resize(6 * 1024 * 1024, b'p');
-        payload
-    }
-
-    /// The writer half of the SIGKILL test, run in a child process; does nothing unless
-    /// [`WRITER_ENV`] is set.
-    #[test]
-    #[ignore = "run as a child process by sigkill_during_saves_leaves_a_loadable_checkpoint"]
-    fn crash_writer() {
-        let Some(root) = std::env::var_os(WRITER_ENV) else {
-            return;
-        };
-        let store = store_in(Path::new(&root), 3, DEFAULT_MAX_BYTES);
-        let first = store
-            .list(SESSION)
-            .expect("list")
-            .first()
-            .map_or(1, |info| info.meta.execution_count + 1);
-        // Bounded, should the parent fail to kill it.
-        for count in first..first + 500 {
-            store
-                .save(SESSION, &meta(count), &writer_payload(count))
-                .expect("save");
+/// The readable envelopes of the checkpoints in a session directory, newest first.
+fn envelopes(dir: &Path) -> Result<Vec<Envelope>, CheckpointError> {
+    let mut found = Vec::new();
+    for sequence in sequences(dir)? {
+        let path = dir.join(checkpoint_file_name(sequence));
+        let summary = File::open(&path)
+            .and_then(|file| Ok((file.metadata()?.len(), file)))
+            .map_err(CorruptionError::Read)
+            .and_then(|(len, mut file)| read_summary(&mut file, len));
+        if let Ok(summary) = summary {
+            found.push(summary.envelope);
         }
     }
+    Ok(found)
+}
 
-    /// Kills the writer process if a test assertion fails first.
-    struct WriterProcess(Child);
+/// Bytes that a session's checkpoint files and blobs take on disk.
+fn session_usage(dir: &Path) -> u64 {
+    let files: u64 = fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .filter_map(|entry| entry.metadata().ok())
+            .filter(|meta| meta.is_file())
+            .map(|meta| meta.len())
+            .sum()
+    });
+    files + blobs::usage(&dir.join(BLOBS_DIR))
+}
 
-    impl Drop for WriterProcess {
-        fn drop(&mut self) {
-            // Already dead after a normal run; errors only mean that.
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-
-    fn newest_sequence(store: &CheckpointStore) -> u64 {
-        sequences(&store.session_dir(SESSION))
-            .expect("list sequences")
-            .first()
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn temp_files(store: &CheckpointStore) -> Vec<String> {
-        dir_entries(&store.session_dir(SESSION))
-            .into_iter()
-            .filter(|name| is_temp_file_name(std::ffi::OsStr::new(name)))
-            .collect()
-    }
-
-    #[test]
-    fn sigkill_during_saves_leaves_a_loadable_checkpoint() {
-        let root = TempDir::new().expect("temp dir");
-        let store = store_in(root.path(), 3, DEFAULT_MAX_BYTES);
-        let test_name = concat!(module_path!(), "::crash_writer")
-            .split_once("::")
-            .map(|(_crate, path)| path)
-            .expect("module_path! starts with the crate name");
-        let test_binary = std::env::current_exe().expect("the test binary's path");
-
-        for _ in 0..4 {
-            let before = newest_sequence(&store);
-            let mut writer = WriterProcess(
-                Command::new(&test_binary)
-                    .args([test_name, "--exact", "--ignored", "--test-threads=1"])
-                    .env(WRITER_ENV, root.path())
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("spawn the writer"),
-            );
-            // Wait for one save to finish, then for the next one to start writing its
-            // temporary file, and kill the writer there.
-            let deadline = Instant::now() + Duration::from_secs(120);
-            let mut saved = false;
-            loop {
-                if let Some(status) = writer.0.try_wait().expect("poll the writer") {
-                    panic!("the writer exited early: {status}");
-                }
-                assert!(Instant::now() < deadline, "the writer made no progress");
-                saved = saved || newest_sequence(&store) > before;
-                if saved && !temp_files(&store).is_empty() {
-                    break;
-                }
-                std::thread::yield_now();
-            }
-            writer.0.kill().expect("SIGKILL the writer");
-            writer.0.wait().expect("reap the writer");
-
-            let reopened = store_in(root.path(), 3, DEFAULT_MAX_BYTES);
-            let loaded = reopened.load(SESSION, None).expect("load after SIGKILL");
-            assert!(loaded.skipped.is_empty(), "{:?}", loaded.skipped);
-            assert!(loaded.info.id.sequence() > before);
-            assert!(
-                loaded.payload == writer_payload(loaded.info.meta.execution_count),
-                "the payload of {} is not the one saved",
-                loaded.info.id
-            );
-            let leftovers = temp_files(&reopened);
-            assert!(leftovers.is_empty(), "{leftovers:?}");
+fn remove_if_there(path: &Path) {
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+        Err(err) => {
+            tracing::warn!(path = %path.display(), error = %err, "cannot remove a checkpoint")
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

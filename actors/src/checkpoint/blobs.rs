@@ -1,0 +1,319 @@
+//! The content-addressed blobs of a session's checkpoints.
+//!
+//! The worker pickles its namespace as groups of names (the names that share objects go
+//! together) and writes each group that changed since its last checkpoint to a file of its
+//! own. The store takes such a file in once: it hashes it (XXH3-128), moves it to
+//! `blobs/<hash>` in the session's directory and records the reference in the checkpoint.
+//! Every checkpoint that holds the same group refers to the same blob, so keeping many
+//! checkpoints costs only their differences; a blob that no checkpoint refers to any more is
+//! removed.
+//!
+//! Blob files come from the worker, which runs the session's (hostile) code: they are opened
+//! without following symlinks, must be regular files within the size limit, and are checked
+//! against their hash again whenever a checkpoint is loaded.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::Xxh3;
+
+use super::errors::{CheckpointError, CorruptionError};
+
+/// The directory, inside a session's checkpoint directory, that holds its blobs.
+pub(super) const BLOBS_DIR: &str = "blobs";
+
+/// Bytes read at a time while hashing a blob.
+const HASH_CHUNK: usize = 4 * 1024 * 1024;
+
+/// A blob as a checkpoint refers to it: its content hash and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BlobRef {
+    /// XXH3-128 of the blob's bytes.
+    pub hash: u128,
+    /// The blob's length in bytes.
+    pub bytes: u64,
+}
+
+impl BlobRef {
+    /// The blob's file name: its hash in hexadecimal.
+    pub(super) fn file_name(&self) -> String {
+        format!("{:032x}", self.hash)
+    }
+}
+
+/// One group of names in a saved checkpoint, and the blob that holds their values.
+///
+/// Part of the on-disk envelope: changing its fields changes the file format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredGroup {
+    /// The worker's name for this version of the group, by which a later checkpoint says
+    /// that it is unchanged.
+    pub token: String,
+    /// The names whose values the blob holds.
+    pub names: Vec<String>,
+    pub blob: BlobRef,
+}
+
+/// Where the values of a group in a new checkpoint come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupSource {
+    /// A file the worker has just written, to be taken into the store.
+    File(PathBuf),
+    /// Unchanged since a retained checkpoint of the session that has a group of this token.
+    Unchanged,
+}
+
+/// One group of names of a checkpoint being saved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewGroup {
+    pub token: String,
+    pub names: Vec<String>,
+    pub source: GroupSource,
+}
+
+/// One group of a loaded checkpoint, its blob checked against its hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedGroup {
+    pub token: String,
+    pub names: Vec<String>,
+    /// The blob file, to be read (or mapped) by the worker.
+    pub path: PathBuf,
+    pub bytes: u64,
+}
+
+/// Takes the file at `source` into `blobs_dir`, at most `max_bytes` long. Returns its
+/// reference and whether it added a blob (false when an identical one was there already).
+pub(super) fn ingest(
+    blobs_dir: &Path,
+    source: &Path,
+    max_bytes: u64,
+) -> Result<(BlobRef, bool), CheckpointError> {
+    let io = |action| {
+        move |err| CheckpointError::Io {
+            action,
+            path: source.to_owned(),
+            source: err,
+        }
+    };
+    let file = open_no_follow(source).map_err(io("open the checkpoint blob"))?;
+    let meta = file.metadata().map_err(io("read the checkpoint blob"))?;
+    if !meta.is_file() {
+        return Err(CheckpointError::Io {
+            action: "take in the checkpoint blob",
+            path: source.to_owned(),
+            source: io::Error::new(io::ErrorKind::InvalidData, "not a regular file"),
+        });
+    }
+    if meta.len() > max_bytes {
+        return Err(CheckpointError::TooLarge {
+            bytes: meta.len(),
+            limit: max_bytes,
+        });
+    }
+    let blob = BlobRef {
+        hash: hash_file(&file, max_bytes).map_err(io("hash the checkpoint blob"))?,
+        bytes: meta.len(),
+    };
+    if blob.bytes
+        != file
+            .metadata()
+            .map_err(io("read the checkpoint blob"))?
+            .len()
+    {
+        return Err(CheckpointError::Io {
+            action: "take in the checkpoint blob",
+            path: source.to_owned(),
+            source: io::Error::new(io::ErrorKind::InvalidData, "it changed while being hashed"),
+        });
+    }
+    let target = blobs_dir.join(blob.file_name());
+    if target.exists() {
+        let _ = fs::remove_file(source);
+        return Ok((blob, false));
+    }
+    file.set_permissions(fs::Permissions::from_mode(0o600))
+        .map_err(io("protect the checkpoint blob"))?;
+    file.sync_all().map_err(io("sync the checkpoint blob"))?;
+    fs::rename(source, &target).map_err(io("move the checkpoint blob into the store"))?;
+    // The worker's code could have put another file at `source` between the hash and the
+    // rename: keep the blob only if it is the very file that was hashed.
+    let moved = fs::symlink_metadata(&target);
+    let same = moved.is_ok_and(|m| m.is_file() && m.dev() == meta.dev() && m.ino() == meta.ino());
+    if !same {
+        let _ = fs::remove_file(&target);
+        return Err(CheckpointError::Io {
+            action: "take in the checkpoint blob",
+            path: source.to_owned(),
+            source: io::Error::new(io::ErrorKind::InvalidData, "it was replaced while hashed"),
+        });
+    }
+    Ok((blob, true))
+}
+
+/// Checks that the blob at `path` is a regular file with the length and hash of `blob`.
+pub(super) fn verify(path: &Path, blob: &BlobRef) -> Result<(), CorruptionError> {
+    let file = open_no_follow(path).map_err(|err| match err.kind() {
+        io::ErrorKind::NotFound => CorruptionError::BlobMissing {
+            blob: blob.file_name(),
+        },
+        _ => CorruptionError::Read(err),
+    })?;
+    let len = file.metadata().map_err(CorruptionError::Read)?.len();
+    if len != blob.bytes {
+        return Err(CorruptionError::BlobLength {
+            expected: blob.bytes,
+            actual: len,
+        });
+    }
+    let hash = hash_file(&file, blob.bytes).map_err(CorruptionError::Read)?;
+    if hash != blob.hash {
+        return Err(CorruptionError::BlobChecksum);
+    }
+    Ok(())
+}
+
+/// Removes the blobs of `blobs_dir` that are not in `referenced`; returns the bytes freed.
+pub(super) fn collect_garbage(blobs_dir: &Path, referenced: &HashSet<BlobRef>) -> u64 {
+    let keep: HashSet<String> = referenced.iter().map(BlobRef::file_name).collect();
+    let Ok(entries) = fs::read_dir(blobs_dir) else {
+        return 0;
+    };
+    let mut freed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name.to_str().is_some_and(|name| keep.contains(name)) {
+            continue;
+        }
+        let bytes = entry.metadata().map_or(0, |m| m.len());
+        match fs::remove_file(entry.path()) {
+            Ok(()) => freed += bytes,
+            Err(err) => {
+                tracing::warn!(path = %entry.path().display(), error = %err, "cannot remove an unused checkpoint blob")
+            }
+        }
+    }
+    freed
+}
+
+/// The bytes that the blobs of `blobs_dir` take.
+pub(super) fn usage(blobs_dir: &Path) -> u64 {
+    fs::read_dir(blobs_dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .filter_map(|entry| entry.metadata().ok())
+            .filter(|meta| meta.is_file())
+            .map(|meta| meta.len())
+            .sum()
+    })
+}
+
+fn open_no_follow(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// XXH3-128 of the first `limit` bytes of `file`, read from its start.
+fn hash_file(file: &File, limit: u64) -> io::Result<u128> {
+    let mut hasher = Xxh3::new();
+    let mut reader = file.take(limit);
+    let mut chunk = vec![0; HASH_CHUNK];
+    loop {
+        match reader.read(&mut chunk) {
+            Ok(0) => return Ok(hasher.digest128()),
+            Ok(n) => hasher.update(&chunk[..n]),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blobs_dir() -> (tempfile::TempDir, PathBuf) {
+        let root = tempfile::tempdir().unwrap();
+        let blobs = root.path().join(BLOBS_DIR);
+        fs::create_dir(&blobs).unwrap();
+        (root, blobs)
+    }
+
+    #[test]
+    fn a_blob_is_stored_once_under_its_hash() {
+        let (root, blobs) = blobs_dir();
+        let first = root.path().join("a");
+        let second = root.path().join("b");
+        fs::write(&first, b"the same bytes").unwrap();
+        fs::write(&second, b"the same bytes").unwrap();
+        let (blob, added) = ingest(&blobs, &first, 1024).unwrap();
+        assert!(added);
+        assert_eq!(blob.bytes, 14);
+        let (again, added) = ingest(&blobs, &second, 1024).unwrap();
+        assert_eq!((again, added), (blob, false));
+        assert!(!first.exists() && !second.exists());
+        verify(&blobs.join(blob.file_name()), &blob).unwrap();
+        let mode = fs::metadata(blobs.join(blob.file_name())).unwrap().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_symlink_or_an_oversized_file_is_refused() {
+        let (root, blobs) = blobs_dir();
+        let secret = root.path().join("secret");
+        fs::write(&secret, b"not the worker's").unwrap();
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        assert!(ingest(&blobs, &link, 1024).is_err());
+        let big = root.path().join("big");
+        fs::write(&big, vec![7; 2048]).unwrap();
+        assert!(matches!(
+            ingest(&blobs, &big, 1024),
+            Err(CheckpointError::TooLarge {
+                bytes: 2048,
+                limit: 1024
+            })
+        ));
+        assert_eq!(usage(&blobs), 0);
+    }
+
+    #[test]
+    fn a_changed_blob_fails_verification() {
+        let (root, blobs) = blobs_dir();
+        let source = root.path().join("a");
+        fs::write(&source, b"0123456789").unwrap();
+        let (blob, _) = ingest(&blobs, &source, 1024).unwrap();
+        let path = blobs.join(blob.file_name());
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        fs::write(&path, b"0123456780").unwrap();
+        assert!(matches!(
+            verify(&path, &blob),
+            Err(CorruptionError::BlobChecksum)
+        ));
+        fs::write(&path, b"01234").unwrap();
+        assert!(matches!(
+            verify(&path, &blob),
+            Err(CorruptionError::BlobLength { .. })
+        ));
+    }
+
+    #[test]
+    fn garbage_collection_keeps_only_referenced_blobs() {
+        let (root, blobs) = blobs_dir();
+        let mut refs = Vec::new();
+        for content in [&b"one"[..], b"two", b"three"] {
+            let source = root.path().join("source");
+            fs::write(&source, content).unwrap();
+            refs.push(ingest(&blobs, &source, 1024).unwrap().0);
+        }
+        let keep: HashSet<BlobRef> = [refs[1]].into_iter().collect();
+        assert_eq!(collect_garbage(&blobs, &keep), 8);
+        assert_eq!(usage(&blobs), 3);
+        verify(&blobs.join(refs[1].file_name()), &refs[1]).unwrap();
+    }
+}
