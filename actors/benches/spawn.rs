@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyvisor_actors::worker::{
-    compile_worker_script, install_worker_script, resolve_interpreter, Janitor, Worker,
+    compile_worker_package, install_worker_package, resolve_interpreter, Janitor, Worker,
     WorkerEvent, WorkerOrigin, WorkerSpec, Zygote,
 };
 use pyvisor_actors::ProcessLimits;
@@ -101,12 +101,11 @@ fn main() {
     let (fresh_runs, fork_runs) = if quick { (5, 30) } else { (30, 300) };
     let python = resolve_interpreter("python3").expect("python3 runs");
     let cache = std::env::temp_dir().join(format!("pyvisor-bench-spawn-{}", std::process::id()));
+    let package = install_worker_package(&cache).expect("the worker package installs");
+    // Compiled as the engine runs it, so no spawn pays for compiling the package.
+    compile_worker_package(&python, &package);
     let bench = Bench {
-        // Compiled as the engine runs it, so no spawn pays for compiling the script.
-        script: compile_worker_script(
-            &python,
-            &install_worker_script(&cache).expect("the worker script installs"),
-        ),
+        script: package,
         janitor: Arc::new(Janitor::start(&python).expect("the janitor starts")),
         python,
     };

@@ -16,8 +16,8 @@ pub enum SpawnError {
     /// The configured interpreter cannot be run or did not report `sys.executable`.
     #[error("use python interpreter {python:?}: {reason}")]
     Interpreter { python: String, reason: String },
-    /// The worker script could not be written to its cache directory.
-    #[error("install the worker script in {path}: {source}")]
+    /// A file of the worker package could not be written to its cache directory.
+    #[error("install the worker package file {path}: {source}")]
     Script { path: PathBuf, source: io::Error },
     /// `fork`/`exec` of the interpreter failed.
     #[error("spawn {python}: {source}")]

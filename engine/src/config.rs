@@ -35,7 +35,7 @@ pub struct EngineConfig {
     pub zygote: bool,
     /// Default limits of every session.
     pub limits: SessionLimits,
-    /// Where the worker script is installed; `$XDG_CACHE_HOME/pyvisor` when `None`.
+    /// Where the worker package is installed; `$XDG_CACHE_HOME/pyvisor` when `None`.
     pub cache_dir: Option<PathBuf>,
     /// How long a new worker may take to become ready.
     pub handshake_timeout: Duration,

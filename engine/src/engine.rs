@@ -1,6 +1,6 @@
 //! The [`Engine`] handle and the thread that runs its actor system.
 //!
-//! `Engine::start` resolves the interpreter, installs the worker script and starts an actix
+//! `Engine::start` resolves the interpreter, installs the worker package and starts an actix
 //! system on a thread the engine owns; the handle only holds the Supervisor's address, so it
 //! is `Clone + Send + Sync` and usable from any async runtime. When the last handle is
 //! dropped, the thread ends every worker, stops the system, and is joined.
@@ -22,7 +22,7 @@ use pyvisor_actors::supervisor::{
     StopAll, Supervisor, SupervisorConfig,
 };
 use pyvisor_actors::worker::{
-    compile_worker_script, install_worker_script, resolve_interpreter, CgroupManager,
+    compile_worker_package, install_worker_package, resolve_interpreter, CgroupManager,
     CgroupMechanism, Janitor, WorkerSpec, Zygote,
 };
 use pyvisor_actors::ProcessLimits;
@@ -55,8 +55,8 @@ pub struct EngineStats {
 
 struct EngineInner {
     supervisor: Addr<Supervisor>,
-    /// The installed worker script (source), for interpreters other than the engine's.
-    worker_script: PathBuf,
+    /// The installed worker package, for interpreters other than the engine's.
+    worker_package: PathBuf,
     counters: Arc<EngineCounters>,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -76,10 +76,10 @@ impl Engine {
             .map_err(|e| EngineError::Start(format!("spawn the engine thread: {e}")))?;
         let thread_id = thread.thread().id();
         match ready_rx.await {
-            Ok(Ok((supervisor, worker_script))) => Ok(Engine {
+            Ok(Ok((supervisor, worker_package))) => Ok(Engine {
                 inner: Arc::new(EngineInner {
                     supervisor,
-                    worker_script,
+                    worker_package,
                     counters,
                     shutdown: Mutex::new(Some(shutdown_tx)),
                     thread: Mutex::new(Some(thread)),
@@ -153,14 +153,17 @@ impl Engine {
     }
 
     /// Resolves `python` (a name on `PATH` or a path) to an interpreter a session can run
-    /// on through [`SessionOptions::python`], with the worker script compiled for it.
+    /// on through [`SessionOptions::python`], with the worker package compiled for it.
     pub async fn interpreter(&self, python: &str) -> Result<Interpreter, EngineError> {
         let python = python.to_owned();
-        let source = self.inner.worker_script.clone();
+        let package = self.inner.worker_package.clone();
         tokio::task::spawn_blocking(move || {
             let python = resolve_interpreter(&python)?;
-            let script = compile_worker_script(&python, &source);
-            Ok(Interpreter { python, script })
+            compile_worker_package(&python, &package);
+            Ok(Interpreter {
+                python,
+                script: package,
+            })
         })
         .await
         .map_err(|err| EngineError::Start(format!("resolve the interpreter: {err}")))?
@@ -191,7 +194,7 @@ fn run_system(
     shutdown: oneshot::Receiver<()>,
 ) {
     // The scratch directory lives as long as this thread, so it outlives every worker.
-    let (supervisor_config, worker_script, _scratch) = match supervisor_config(&config, counters) {
+    let (supervisor_config, worker_package, _scratch) = match supervisor_config(&config, counters) {
         Ok(c) => c,
         Err(err) => {
             let _ = ready.send(Err(err));
@@ -201,7 +204,10 @@ fn run_system(
     let system = System::new();
     system.block_on(async move {
         let supervisor = Supervisor::new(supervisor_config).start();
-        if ready.send(Ok((supervisor.clone(), worker_script))).is_err() {
+        if ready
+            .send(Ok((supervisor.clone(), worker_package)))
+            .is_err()
+        {
             return;
         }
         // Both an explicit shutdown and a dropped sender mean: stop.
@@ -216,22 +222,22 @@ fn run_system(
     });
 }
 
-/// Resolves the interpreter, installs the worker script, starts the janitor and the zygote,
+/// Resolves the interpreter, installs the worker package, starts the janitor and the zygote,
 /// and opens the checkpoint store (blocking; engine thread only).
 fn supervisor_config(
     config: &EngineConfig,
     counters: Arc<EngineCounters>,
 ) -> Result<(SupervisorConfig, PathBuf, Option<Scratch>), EngineError> {
     let python = resolve_interpreter(&config.python)?;
-    let source = install_worker_script(&config.cache_dir())?;
-    let script = compile_worker_script(&python, &source);
+    let package = install_worker_package(&config.cache_dir())?;
+    compile_worker_package(&python, &package);
     let janitor = Arc::new(Janitor::start(&python)?);
-    let zygote = start_zygote(config, &python, &script, &janitor);
+    let zygote = start_zygote(config, &python, &package, &janitor);
     let (state, scratch) = open_state(&config.state)?.unzip();
     let supervisor = SupervisorConfig {
         worker: WorkerSpec {
             python,
-            script,
+            script: package.clone(),
             cwd: None,
             env: Vec::new(),
             handshake_timeout: config.handshake_timeout,
@@ -254,7 +260,7 @@ fn supervisor_config(
         counters,
         state,
     };
-    Ok((supervisor, source, scratch))
+    Ok((supervisor, package, scratch))
 }
 
 /// Opens the checkpoint store and this engine's scratch directory (blocking).

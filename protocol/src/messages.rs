@@ -3,7 +3,8 @@
 //! [`HostMessage`] travels on fd 3 (host → worker), [`WorkerMessage`] on fd 4
 //! (worker → host). [`ZygoteRequest`] and [`ZygoteReply`] travel on the zygote's control
 //! socket, one per datagram and unframed. All are JSON objects tagged by a `type` field;
-//! pyworker/worker.py documents the same shapes from the Python side.
+//! pyworker/pyvisor_worker/protocol.py (and zygote.py beside it, for the zygote's) documents
+//! the same shapes from the Python side.
 
 use serde::{Deserialize, Serialize};
 

@@ -2,12 +2,13 @@
 //! policy), restores (asked for, after a crash, or for a named session found on disk), and
 //! inspection of the namespace.
 //!
-//! The worker writes and reads the payload files (pyworker/worker.py documents them); the
-//! host moves them between its scratch directory and the [`CheckpointStore`] on the blocking
-//! pool, never on the actor's thread. A checkpoint is taken by a forked child of the worker,
-//! so executions go on while it is written. When the worker dies, the session remembers
-//! which checkpoint it will come back from and how many executions that loses; the
-//! replacement worker restores it before it runs anything else, and the next result says so.
+//! The worker writes and reads the payload files (pyworker/pyvisor_worker/checkpoints.py
+//! documents them); the host moves them between its scratch directory and the
+//! [`CheckpointStore`] on the blocking pool, never on the actor's thread. A checkpoint is
+//! taken by a forked child of the worker, so executions go on while it is written. When the
+//! worker dies, the session remembers which checkpoint it will come back from and how many
+//! executions that loses; the replacement worker restores it before it runs anything else,
+//! and the next result says so.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

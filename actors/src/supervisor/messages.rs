@@ -57,12 +57,12 @@ pub struct SessionOptions {
     pub limits: Option<SessionLimits>,
 }
 
-/// A Python interpreter other than the engine's, with the worker script it runs.
+/// A Python interpreter other than the engine's, with the worker package it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Interpreter {
     /// The resolved interpreter binary.
     pub python: PathBuf,
-    /// The worker script (or its bytecode compiled for this interpreter).
+    /// The installed worker package, compiled for this interpreter.
     pub script: PathBuf,
 }
 

@@ -1,4 +1,4 @@
-//! Plumbing for one Python worker process: installing the script, spawning the process with
+//! Plumbing for one Python worker process: installing the package, spawning the process with
 //! its pipes (or having the zygote fork it), pumping its output and frames, watching for its
 //! exit, and writing frames to it.
 
@@ -18,7 +18,7 @@ pub use janitor::Janitor;
 pub use output::{CappedOutput, Utf8Chunker};
 pub use pump::WorkerEvent;
 pub use script::{
-    compile_worker_script, install_worker_script, resolve_interpreter, WORKER_SOURCE,
+    compile_worker_package, install_worker_package, resolve_interpreter, WORKER_FILES,
 };
 pub use spawn::{Worker, WorkerInfo, WorkerOrigin, WorkerSpec};
 pub use writer::FrameWriter;

@@ -1,88 +1,130 @@
-//! The embedded worker script and the interpreter that runs it.
+//! The embedded worker package and the interpreter that runs it.
 //!
-//! The script is compiled into the binary and written once to a private, content-addressed
-//! path, so an installed binary needs nothing beside it but a Python 3.9+ interpreter.
+//! The worker is a Python package, `pyworker/`, compiled into the binary and written once to a
+//! private, content-addressed directory, so an installed binary needs nothing beside it but a
+//! Python 3.9+ interpreter. The interpreter runs that directory (`python -I -u <dir>`): Python
+//! puts it first on `sys.path` and runs its `__main__.py`, which starts `pyvisor_worker`.
 
 use std::fs;
-use std::io::Write;
+use std::io::{self, Write};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::errors::SpawnError;
 
-/// Source of `pyworker/worker.py`, embedded at build time.
-pub const WORKER_SOURCE: &str = include_str!("../../../pyworker/worker.py");
-
-/// Writes the worker script under `cache_dir` (once per content) and returns its path.
-pub fn install_worker_script(cache_dir: &Path) -> Result<PathBuf, SpawnError> {
-    let io_error = |source| SpawnError::Script {
-        path: cache_dir.to_path_buf(),
-        source,
+/// `(path in pyworker/, its source)` of one file of the worker package, embedded at build time.
+macro_rules! worker_file {
+    ($path:literal) => {
+        ($path, include_str!(concat!("../../../pyworker/", $path)))
     };
+}
+
+/// Every file of `pyworker/`: path inside the package directory, and source.
+pub const WORKER_FILES: &[(&str, &str)] = &[
+    worker_file!("__main__.py"),
+    worker_file!("pyvisor_worker/__init__.py"),
+    worker_file!("pyvisor_worker/cells.py"),
+    worker_file!("pyvisor_worker/changes.py"),
+    worker_file!("pyvisor_worker/checkpoints.py"),
+    worker_file!("pyvisor_worker/display.py"),
+    worker_file!("pyvisor_worker/execution.py"),
+    worker_file!("pyvisor_worker/inspection.py"),
+    worker_file!("pyvisor_worker/main.py"),
+    worker_file!("pyvisor_worker/prompts.py"),
+    worker_file!("pyvisor_worker/protocol.py"),
+    worker_file!("pyvisor_worker/state.py"),
+    worker_file!("pyvisor_worker/zygote.py"),
+];
+
+/// Writes the worker package under `cache_dir` (once per content) and returns its directory,
+/// which the interpreter runs.
+///
+/// The directory is named by a hash of every file's path and source. A file already there
+/// with the right content is kept; any other is written beside its place and renamed into it,
+/// so a concurrent engine never runs half a file, and the package is whole once this returns.
+pub fn install_worker_package(cache_dir: &Path) -> Result<PathBuf, SpawnError> {
+    let package = cache_dir.join(format!("worker-{:016x}", package_hash()));
+    for (name, source) in WORKER_FILES {
+        let path = package.join(name);
+        if fs::read(&path).is_ok_and(|existing| existing == source.as_bytes()) {
+            continue;
+        }
+        write_file(&path, source).map_err(|source| SpawnError::Script {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(package)
+}
+
+/// Writes `contents` to `path` by renaming a temporary file beside it, creating its directory
+/// (0700, with its parents) if need be.
+fn write_file(path: &Path, contents: &str) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .expect("a file of the package is in a directory");
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(cache_dir)
-        .map_err(io_error)?;
-    let path = cache_dir.join(format!(
-        "worker-{:016x}.py",
-        fnv1a(WORKER_SOURCE.as_bytes())
-    ));
-    if fs::read(&path).is_ok_and(|existing| existing == WORKER_SOURCE.as_bytes()) {
-        return Ok(path);
-    }
-    // Write beside the target and rename, so a concurrent engine never runs half a script.
-    let mut temp = tempfile::NamedTempFile::new_in(cache_dir).map_err(io_error)?;
-    temp.write_all(WORKER_SOURCE.as_bytes()).map_err(io_error)?;
-    temp.persist(&path).map_err(|e| io_error(e.error))?;
-    Ok(path)
+        .create(dir)?;
+    let mut temp = tempfile::NamedTempFile::new_in(dir)?;
+    temp.write_all(contents.as_bytes())?;
+    temp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
-/// Compiles the installed `script` for `python` once, beside it, and returns the path of the
-/// bytecode, which the interpreter runs directly: a script given by path is compiled anew at
-/// every start (there is no bytecode cache for `__main__`), about 13 ms per plain spawn. The
-/// bytecode's name carries the interpreter's identity (path, size, modification time), so an
-/// upgraded interpreter never meets bytecode of another version. Falls back to the script
-/// itself when it cannot be compiled.
-pub fn compile_worker_script(python: &Path, script: &Path) -> PathBuf {
-    let identity = fs::metadata(python).map(|meta| {
-        use std::os::unix::fs::MetadataExt;
-        format!(
-            "{}:{}:{}",
-            python.display(),
-            meta.len(),
-            meta.mtime_nsec() + meta.mtime() * 1_000_000_000
-        )
-    });
-    let Ok(identity) = identity else {
-        return script.to_owned();
+/// Compiles the installed `package` for `python` once, into the `__pycache__` directories
+/// beside its modules, where the interpreter's imports find the bytecode, so that no worker
+/// compiles it at its start (about 12 ms). A marker named after the interpreter's identity
+/// (path, size, modification time) records that it is done, so an upgraded interpreter
+/// compiles it again. A package that cannot be compiled runs all the same: the first worker
+/// to import it compiles it.
+pub fn compile_worker_package(python: &Path, package: &Path) {
+    let Some(marker) = compiled_marker(python, package) else {
+        return;
     };
-    let compiled = script.with_extension(format!("{:016x}.pyc", fnv1a(identity.as_bytes())));
-    if compiled.exists() {
-        return compiled;
+    if marker.exists() {
+        return;
     }
+    // compileall writes each file to a temporary name and renames it, so a concurrent engine
+    // never imports half a file.
     const COMPILE: &str =
-        "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)";
-    // py_compile writes to a temporary name and renames, so a concurrent engine never runs
-    // half a file.
+        "import compileall, sys; sys.exit(not compileall.compile_dir(sys.argv[1], quiet=1))";
     let outcome = Command::new(python)
         .args(["-I", "-c", COMPILE])
-        .arg(script)
-        .arg(&compiled)
+        .arg(package)
         .output();
-    match outcome {
-        Ok(output) if output.status.success() && compiled.exists() => compiled,
-        Ok(output) => {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            tracing::warn!(error = %stderr.trim(), "worker script not compiled; running the source");
-            script.to_owned()
-        }
-        Err(err) => {
-            tracing::warn!(error = %err, "worker script not compiled; running the source");
-            script.to_owned()
-        }
-    }
+    let problem = match outcome {
+        Ok(output) if output.status.success() => match fs::write(&marker, b"") {
+            Ok(()) => return,
+            Err(err) => format!("{}: {err}", marker.display()),
+        },
+        Ok(output) => format!(
+            "{}: {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout).trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ),
+        Err(err) => err.to_string(),
+    };
+    tracing::warn!(error = %problem, "worker package not compiled; workers compile it at start");
+}
+
+/// The file that says `package` is compiled for `python`; `None` when `python` cannot be
+/// looked at.
+fn compiled_marker(python: &Path, package: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+
+    let meta = fs::metadata(python).ok()?;
+    let identity = format!(
+        "{}:{}:{}",
+        python.display(),
+        meta.len(),
+        meta.mtime_nsec() + meta.mtime() * 1_000_000_000
+    );
+    let name = format!("compiled-{:016x}", fnv1a(FNV_OFFSET, identity.as_bytes()));
+    Some(package.join("__pycache__").join(name))
 }
 
 /// Resolves `python` (a name on `PATH` or a path, possibly a pyenv shim) to the real
@@ -109,50 +151,128 @@ pub fn resolve_interpreter(python: &str) -> Result<PathBuf, SpawnError> {
     Ok(PathBuf::from(executable))
 }
 
-/// 64-bit FNV-1a: a stable content hash for the script's file name.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+/// The content hash that names the package's directory: of every file's path and source,
+/// each preceded by its length.
+fn package_hash() -> u64 {
+    WORKER_FILES
+        .iter()
+        .flat_map(|(name, source)| [name.as_bytes(), source.as_bytes()])
+        .fold(FNV_OFFSET, |hash, part| {
+            fnv1a(fnv1a(hash, &(part.len() as u64).to_le_bytes()), part)
+        })
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// 64-bit FNV-1a of `bytes`, continuing from `hash`: a stable hash for file names.
+fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(hash, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::SystemTime;
+
     use super::*;
 
     #[test]
-    fn installs_once_and_reuses_the_same_path() {
-        let dir = std::env::temp_dir().join(format!("pyvisor-script-test-{}", std::process::id()));
-        let first = install_worker_script(&dir).unwrap();
-        let second = install_worker_script(&dir).unwrap();
-        assert_eq!(first, second);
-        assert_eq!(fs::read_to_string(&first).unwrap(), WORKER_SOURCE);
-        fs::remove_dir_all(&dir).unwrap();
+    fn every_file_of_pyworker_is_embedded() {
+        fn python_files(root: &Path, dir: &Path, found: &mut Vec<String>) {
+            for entry in fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    python_files(root, &path, found);
+                } else if path.extension().is_some_and(|ext| ext == "py") {
+                    let name = path.strip_prefix(root).unwrap();
+                    found.push(name.to_string_lossy().into_owned());
+                }
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pyworker");
+        let mut on_disk = Vec::new();
+        python_files(&root, &root, &mut on_disk);
+        on_disk.sort();
+        let mut embedded: Vec<_> = WORKER_FILES.iter().map(|(name, _)| *name).collect();
+        embedded.sort();
+        assert_eq!(
+            embedded, on_disk,
+            "WORKER_FILES lists every .py file of pyworker/"
+        );
     }
 
     #[test]
-    fn compiles_the_script_once_into_bytecode_the_interpreter_runs() {
-        let dir = std::env::temp_dir().join(format!("pyvisor-pyc-test-{}", std::process::id()));
-        let script = install_worker_script(&dir).unwrap();
+    fn installs_once_reuses_the_same_directory_and_repairs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = install_worker_package(dir.path()).unwrap();
+        let second = install_worker_package(dir.path()).unwrap();
+        assert_eq!(first, second);
+        let mode = fs::metadata(&first).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        for (name, source) in WORKER_FILES {
+            assert_eq!(fs::read_to_string(first.join(name)).unwrap(), *source);
+        }
+        // A file gone or changed is written again.
+        let (removed, _) = WORKER_FILES[1];
+        let (changed, source) = WORKER_FILES[2];
+        fs::remove_file(first.join(removed)).unwrap();
+        fs::write(first.join(changed), "broken").unwrap();
+        assert_eq!(install_worker_package(dir.path()).unwrap(), first);
+        assert!(first.join(removed).exists());
+        assert_eq!(fs::read_to_string(first.join(changed)).unwrap(), *source);
+    }
+
+    /// Modification time of every file under `dir`, by path.
+    fn modified_times(dir: &Path) -> BTreeMap<PathBuf, SystemTime> {
+        let mut times = BTreeMap::new();
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                times.extend(modified_times(&path));
+            } else {
+                times.insert(
+                    path.clone(),
+                    fs::metadata(&path).unwrap().modified().unwrap(),
+                );
+            }
+        }
+        times
+    }
+
+    #[test]
+    fn compiles_the_package_once_into_bytecode_the_interpreter_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let package = install_worker_package(dir.path()).unwrap();
         let python = resolve_interpreter("python3").unwrap();
-        let compiled = compile_worker_script(&python, &script);
-        assert_ne!(compiled, script, "python3 compiles the worker");
-        assert!(compiled.to_string_lossy().ends_with(".pyc"));
-        let modified = fs::metadata(&compiled).unwrap().modified().unwrap();
-        assert_eq!(compile_worker_script(&python, &script), compiled);
-        assert_eq!(
-            fs::metadata(&compiled).unwrap().modified().unwrap(),
-            modified
-        );
-        // The bytecode runs: without fds 3 and 4 the worker says so and exits 1.
+        compile_worker_package(&python, &package);
+        let marker = compiled_marker(&python, &package).unwrap();
+        assert!(marker.exists(), "python3 compiles the worker");
+        for (name, _) in WORKER_FILES {
+            let path = package.join(name);
+            let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let cache = path.parent().unwrap().join("__pycache__");
+            let compiled = fs::read_dir(&cache).unwrap().any(|entry| {
+                let entry = entry.unwrap().file_name().to_string_lossy().into_owned();
+                entry.starts_with(&format!("{stem}.")) && entry.ends_with(".pyc")
+            });
+            assert!(compiled, "{name} has its bytecode in {}", cache.display());
+        }
+        let compiled = modified_times(&package);
+        compile_worker_package(&python, &package);
+        assert_eq!(modified_times(&package), compiled, "compiled once");
+        // The package runs: without fds 3 and 4 the worker says so and exits 1, having
+        // imported every module from the bytecode, which it neither rewrote nor added to.
         let run = Command::new(&python)
-            .arg("-I")
-            .arg(&compiled)
+            .args(["-I", "-u"])
+            .arg(&package)
             .output()
             .unwrap();
         assert_eq!(run.status.code(), Some(1));
         assert!(String::from_utf8_lossy(&run.stderr).contains("fd 3"));
-        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(modified_times(&package), compiled);
     }
 
     #[test]

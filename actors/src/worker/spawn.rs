@@ -49,7 +49,7 @@ const EVENT_BUFFER: usize = 64;
 pub struct WorkerSpec {
     /// The real interpreter (already resolved, see `resolve_interpreter`).
     pub python: PathBuf,
-    /// Path of the installed worker script.
+    /// The installed worker package: the directory the interpreter runs.
     pub script: PathBuf,
     /// Working directory of the worker; the host's when `None`.
     pub cwd: Option<PathBuf>,
@@ -245,7 +245,7 @@ fn create_leaf(spec: &WorkerSpec) -> Result<Option<CgroupLeaf>, SpawnError> {
         .map_err(SpawnError::Containment)
 }
 
-/// Spawns a fresh interpreter running the worker script.
+/// Spawns a fresh interpreter running the worker package.
 fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
     let leaf = create_leaf(spec)?;
     let (host, child) = worker_pipes()?;

@@ -8,7 +8,7 @@
 //! The thread is long-lived, which matters: the zygote is started from it through the same
 //! [`child_command`] as every worker (own process group, `PR_SET_PDEATHSIG` tied to the
 //! thread, `PR_SET_NO_NEW_PRIVS`, only fds 0-3), with no memory or process rlimits, and is
-//! registered with the janitor. pyworker/worker.py documents the zygote's side.
+//! registered with the janitor. pyworker/pyvisor_worker/zygote.py documents the zygote's side.
 //!
 //! The zygote talks over a `SOCK_SEQPACKET` socketpair (its fd 3): one JSON
 //! [`ZygoteRequest`] or [`ZygoteReply`] per datagram. A fork request carries the child's fds
@@ -603,13 +603,13 @@ mod tests {
     use std::process::ExitStatus;
 
     use super::*;
-    use crate::worker::{install_worker_script, resolve_interpreter};
+    use crate::worker::{install_worker_package, resolve_interpreter};
 
     #[tokio::test]
     async fn a_child_runs_nothing_before_its_start_frame_and_exits_without_one() {
         let python = resolve_interpreter("python3").unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let script = install_worker_script(dir.path()).unwrap();
+        let script = install_worker_package(dir.path()).unwrap();
         let zygote = tokio::task::spawn_blocking(move || {
             Zygote::start(&python, &script, &[], None, Duration::from_secs(30))
         })

@@ -1,12 +1,12 @@
 //! What the actors crate's integration tests share: the real interpreter, the installed
-//! worker script, one janitor, and a worker spec built the way the engine builds one.
+//! worker package, one janitor, and a worker spec built the way the engine builds one.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pyvisor_actors::worker::{
-    install_worker_script, resolve_interpreter, Janitor, WorkerSpec, Zygote,
+    install_worker_package, resolve_interpreter, Janitor, WorkerSpec, Zygote,
 };
 use pyvisor_actors::ProcessLimits;
 
@@ -26,7 +26,7 @@ pub fn setup() -> &'static Setup {
         let python = resolve_interpreter("python3").expect("python3 runs");
         // Content-addressed and installed atomically: every run can share one directory.
         let cache = std::env::temp_dir().join("pyvisor-actors-test");
-        let script = install_worker_script(&cache).expect("the worker script installs");
+        let script = install_worker_package(&cache).expect("the worker package installs");
         let janitor = Arc::new(Janitor::start(&python).expect("the janitor starts"));
         Setup {
             python,

@@ -105,7 +105,7 @@ pub struct EngineSettings {
     pub arbiters: usize,
     /// Contain each worker in a cgroup leaf when the host allows it.
     pub use_cgroups: bool,
-    /// Where the worker script is installed; empty for `$XDG_CACHE_HOME/pyvisor`.
+    /// Where the worker package is installed; empty for `$XDG_CACHE_HOME/pyvisor`.
     pub cache_dir: PathBuf,
     /// How long a new worker may take to become ready, in seconds.
     pub handshake_timeout_s: f64,

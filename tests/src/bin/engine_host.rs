@@ -2,7 +2,7 @@
 //! runs code that leaves a grandchild behind, prints the pids to stdout, and waits to be
 //! killed.
 //!
-//! Usage: `engine_host CACHE_DIR` (the worker script is installed there, so the test can
+//! Usage: `engine_host CACHE_DIR` (the worker package is installed there, so the test can
 //! find every process of this engine by its command line).
 
 use std::time::Duration;

@@ -127,7 +127,7 @@ mod tests {
             "/usr/bin/python3",
             "-I",
             "-u",
-            "/cache/pyvisor/worker.py"
+            "/cache/pyvisor/worker-0123456789abcdef"
         ]));
         assert!(no(&["pyvisor", "exec", "serve"]));
         assert!(no(&["pyvisor", "daemon", "start"]));

@@ -1,0 +1,3 @@
+from pyvisor_worker.main import run
+
+run()

@@ -1,0 +1,241 @@
+"""Running the session's code: executions, their results and errors, and interrupts.
+
+What the code sees: one namespace for the whole session, the dict of a fresh ``__main__``
+module (so pickle finds what the code defines); each execution compiled as ``<cell-N>``, its
+source in linecache for tracebacks. A process that the code forks without exec never writes
+to fd 4, and exits if it returns into the worker.
+
+"result" is set when the code ends with an expression statement whose value is not None, as at
+the interactive prompt: its repr() cut to repr_limit UTF-8 bytes (ending in "…" when cut), the
+name of its type and, when the value has ``_repr_html_``, its HTML as "html". "error" holds the
+exception's class name, str() and traceback.format_exception() lines without the worker's own
+frames; SystemExit and KeyboardInterrupt are errors like the others, and the worker goes on
+serving. The error type "WorkerError" marks a fault of the worker itself.
+
+Interrupts: the host sends an interrupt naming the execution, not a signal, so that an
+interrupt sent as soon as the execute request is written is not lost while the execution waits
+for the main thread, and a late one never reaches the next execution. When that execution runs
+and has not been interrupted yet, the reader thread sends SIGINT to the main thread: it raises
+KeyboardInterrupt in the session's code, also inside blocking calls such as time.sleep() and
+input(), and in the repr() of the result; while the code has a frame written (display(),
+input()) it is held back until the frame is whole. When the worker has the execution but has
+not started it, the execution ends with a KeyboardInterrupt error as soon as the main thread
+takes it up, without running any code. An interrupt of an execution that has finished, or that
+the worker never received, is ignored. A SIGINT from elsewhere (the code's own os.kill()) raises
+KeyboardInterrupt in the running code too, and is ignored while no code runs.
+"""
+
+import ast
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from pyvisor_worker import cells, changes, display, protocol, state
+
+DEFAULT_REPR_LIMIT = 64 * 1024
+
+# Frames of files under this directory are the worker's own, left out of the code's tracebacks.
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+
+_cell_count = 0
+_current_interrupted = False  # the running execution has had its SIGINT
+_sigint_seen = False  # the SIGINT handler has run since the running execution was interrupted
+_forked = False  # this process is a child that the session's code forked
+
+
+def on_sigint(signum, frame):
+    """SIGINT handler: interrupt the session's code, never the worker's own work."""
+    global _sigint_seen
+    _sigint_seen = True
+    if state.sigint_action == "raise":
+        raise KeyboardInterrupt
+    if state.sigint_action == "defer":
+        state.sigint_deferred = True
+
+
+def interrupt(execution_id):
+    """Reader thread: interrupt the execution `execution_id` if it runs or waits, else nothing."""
+    global _current_interrupted, _sigint_seen
+    if type(execution_id) is not str:
+        return
+    with state.execution_lock:
+        if execution_id == state.current_id:
+            if not _current_interrupted:
+                _current_interrupted = True
+                _sigint_seen = False
+                # To the main thread itself, which the code may block in a system call.
+                signal.pthread_kill(state.MAIN_THREAD, signal.SIGINT)
+                protocol.start_thread(_repeat_interrupt, execution_id)
+        elif execution_id in state.waiting:
+            state.waiting[execution_id] = True
+
+
+def _repeat_interrupt(execution_id):
+    """Thread: send the SIGINT of `execution_id` again while its handler has not run.
+
+    A SIGINT that lands after the main thread's last check for signals but before it enters a
+    blocking system call (time.sleep() just about to sleep) only marks the handler as due: the
+    call then blocks, and the handler would run when it returns. Seen under load about once in
+    a hundred immediate interrupts. A second SIGINT interrupts the blocked call. Once the
+    handler has run, nothing is sent again, so code that catches the KeyboardInterrupt is
+    interrupted once, as asked.
+    """
+    for _ in range(100):
+        time.sleep(0.02)
+        with state.execution_lock:
+            if execution_id != state.current_id or _sigint_seen:
+                return
+            signal.pthread_kill(state.MAIN_THREAD, signal.SIGINT)
+
+
+def execute(request):
+    """Run one execute request in the session namespace; return its result message."""
+    global _cell_count, _current_interrupted
+    execution_id = request.get("id")
+    code = request.get("code")
+    repr_limit = request.get("repr_limit", DEFAULT_REPR_LIMIT)
+    transaction = request.get("transaction", "commit_always")
+    if (not isinstance(code, str) or not isinstance(repr_limit, int)
+            or transaction not in ("commit_always", "rollback_on_failure")):
+        if type(execution_id) is str:
+            with state.execution_lock:
+                state.waiting.pop(execution_id, None)
+        problem = "execute request %r needs a code string, an int repr_limit and a transaction"
+        raise TypeError(problem % (execution_id,))
+    _cell_count += 1
+    filename = "<cell-%d>" % _cell_count
+    # Tracebacks, inspect and pdb read a cell's source from linecache, as they do a file's.
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    cell = cells.Cell(code, filename)
+    watch = changes.Watch(cell, rollback=transaction == "rollback_on_failure")
+    try:
+        with state.execution_lock:  # taken up: from here on, an interrupt of it is a SIGINT
+            interrupted = type(execution_id) is str and state.waiting.pop(execution_id, False)
+            if not interrupted:
+                state.current_id = execution_id
+                _current_interrupted = False
+                state.sigint_action = "raise"
+        if interrupted:  # before it started: it ends without running any code
+            raise KeyboardInterrupt
+        watch.before_run()  # part of the execution: a SIGINT stops a long snapshot too
+        value, error = _run_cell(cell, repr_limit), None
+    except BaseException as exc:
+        value, error = None, exc
+    finally:
+        state.sigint_action = "ignore"  # first: a SIGINT on its way from here on is ignored
+        with state.execution_lock:
+            state.current_id = None
+        if state.input_waiting_for is not None:
+            protocol.input_replies.put(None)  # an input() on another thread outlived its execution
+    if _forked:
+        # A process that the code forked has come back here: it ends as a script would.
+        protocol.exit_worker(0 if error is None else 1)
+    changed, rolled_back = watch.after_run(error)
+    display.show_open_figures(execution_id)
+    if error is None:
+        return result(execution_id, value, None, changed)
+    if isinstance(error, SystemExit):
+        _reopen_stdin()
+    error = _describe_error(error, repr_limit)
+    return result(execution_id, None, error, changed, rolled_back)
+
+
+def result(execution_id, value, error, changed, rolled_back=False):
+    """The result message of an execution."""
+    return {
+        "type": "result",
+        "id": execution_id,
+        "status": "ok" if error is None else "error",
+        "result": value,
+        "error": error,
+        "changed": changed,
+        "rolled_back": rolled_back,
+    }
+
+
+def _run_cell(cell, repr_limit):
+    """Run `cell`; describe the value of a final expression statement, if any."""
+    code, filename, namespace = cell.code, cell.filename, state.namespace
+    if not cell.parsed:  # Watch.before_run() parses every cell that may end with an expression
+        exec(compile(code, filename, "exec", dont_inherit=True), namespace)
+        return None
+    body = cell.tree.body
+    if not body or type(body[-1]) is not ast.Expr:
+        exec(compile(cell.tree, filename, "exec", dont_inherit=True), namespace)
+        return None
+    if len(body) > 1:
+        head = ast.Module(body[:-1], type_ignores=[])
+        exec(compile(head, filename, "exec", dont_inherit=True), namespace)
+    expression = compile(ast.Expression(body[-1].value), filename, "eval", dont_inherit=True)
+    value = eval(expression, namespace)
+    if value is None:
+        return None
+    described = {"repr": clip(repr(value), repr_limit), "type": type(value).__name__}
+    html = display.call_repr_method(value, "_repr_html_")
+    if isinstance(html, str):
+        described["html"] = html
+    return described
+
+
+def clip(text, limit):
+    """`text` cut to at most `limit` UTF-8 bytes, ending in "…" when cut."""
+    if len(text) * 4 <= limit:  # no character takes more than 4 bytes
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    return data[: max(limit - 3, 0)].decode("utf-8", "ignore") + "…"
+
+
+def _describe_error(exc, limit):
+    """The "error" object of a result, for an exception raised by the session's code."""
+    if isinstance(exc, SyntaxError) and exc.text is None and exc.filename and exc.lineno:
+        # Errors found after parsing ('return' outside function, ...) come without the line.
+        exc.text = linecache.getline(exc.filename, exc.lineno) or None
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<exception str() failed>"
+    lines = [clip(line, limit) for line in _user_traceback(exc)]
+    return {"type": type(exc).__name__, "message": clip(message, limit), "traceback": lines}
+
+
+def _user_traceback(exc):
+    """traceback.format_exception() of `exc`, without the worker's own frames."""
+    top = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    pending = [top]
+    while pending:
+        summary = pending.pop()
+        frames = [frame for frame in summary.stack if not frame.filename.startswith(_PACKAGE_DIR)]
+        summary.stack = traceback.StackSummary.from_list(frames)
+        pending.extend(chained for chained in (summary.__cause__, summary.__context__) if chained)
+        pending.extend(getattr(summary, "exceptions", None) or ())  # exception groups, 3.11+
+    return list(top.format())
+
+
+def worker_error(exc):
+    """The "error" object of a result, for a fault of the worker itself."""
+    summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return {
+        "type": "WorkerError",
+        "message": "internal error in the pyvisor worker: " + summary,
+        "traceback": traceback.format_exception(type(exc), exc, exc.__traceback__),
+    }
+
+
+def _reopen_stdin():
+    """exit() closes sys.stdin on its way out; give later cells a fresh reader of fd 0."""
+    if sys.stdin is sys.__stdin__ and getattr(sys.stdin, "closed", False):
+        sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
+
+
+def after_fork_in_child():
+    """Keep a process that the session's code forked off the protocol pipes."""
+    global _forked
+    _forked = True
+    state.current_id = None
+    state.execution_lock = threading.Lock()  # the reader thread, not forked, may have held it

@@ -1,0 +1,101 @@
+"""The worker's entry: the command line, the set-up of a worker, and its main loop.
+
+``run()`` starts a worker, or with ``--zygote`` the zygote (see zygote); ``main()`` makes the
+process a session's worker and serves the host's requests until told to stop.
+"""
+
+import builtins
+import getpass
+import os
+import signal
+import sys
+
+from pyvisor_worker import (
+    checkpoints, display, execution, inspection, prompts, protocol, state, zygote,
+)
+
+_USAGE = "usage: python3 -I -u WORKER_DIRECTORY [--zygote] [--preload MODULE[,MODULE...]]"
+
+
+def run():
+    """Start as the command line says: a worker, or with --zygote the zygote."""
+    # Python puts the directory it runs first on sys.path, for this package to import, even
+    # with -I, which leaves a script's own directory out: the session's code gets the sys.path
+    # that a script would.
+    home = os.path.dirname(os.path.dirname(__file__))
+    if sys.path and os.path.normpath(sys.path[0]) == os.path.normpath(home):
+        del sys.path[0]
+    args = sys.argv[1:]
+    is_zygote, preload = False, []
+    while args:
+        arg = args.pop(0)
+        if arg == "--zygote":
+            is_zygote = True
+        elif arg == "--preload" and args:
+            preload += [name for name in args.pop(0).split(",") if name]
+        else:
+            sys.exit("pyvisor worker: unknown argument %r; %s" % (arg, _USAGE))
+    del sys.argv[1:]
+    if is_zygote:
+        zygote.zygote_main(preload, main)
+    else:
+        main(preload)
+
+
+def main(preload=()):
+    """Set the process up as a session's worker, say hello, and serve until told to stop."""
+    for fd in (protocol.REQUEST_FD, protocol.REPLY_FD):
+        try:
+            os.set_inheritable(fd, False)  # keep them from os.system() and subprocesses
+        except OSError:
+            sys.exit("pyvisor worker: fd %d is not open (pyvisor passes pipes as fds 3 and 4)" % fd)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    failure = zygote.preload(preload)
+    if failure is not None:
+        sys.exit("pyvisor worker: " + failure)
+    signal.signal(signal.SIGINT, execution.on_sigint)
+    sys.modules["__main__"] = state.session
+    builtins.input = prompts.input
+    builtins.display = display.display
+    getpass.getpass = prompts.getpass
+    os.register_at_fork(after_in_child=execution.after_fork_in_child)
+    # A frame that comes before the reader thread runs waits in the pipe.
+    protocol.start_thread(protocol.read_requests, execution.interrupt, inspection.inspect)
+    protocol.send({
+        "type": "hello",
+        "protocol": protocol.PROTOCOL_VERSION,
+        "pid": os.getpid(),
+        "python_version": sys.version.split()[0],
+        "executable": sys.executable,
+    })
+    _serve()
+
+
+def _serve():
+    """Main loop: serve the execute, checkpoint and restore requests in arrival order."""
+    while True:
+        request = protocol.requests.get()
+        kind = request.get("type")
+        try:
+            if kind == "execute":
+                reply = execution.execute(request)
+            elif kind == "checkpoint":
+                # None: a forked child writes it, and a thread replies
+                reply = checkpoints.checkpoint(request)
+            else:
+                reply = checkpoints.restore(request)
+        except BaseException as exc:
+            reply = _fault_reply(request, exc)
+        if reply is not None:
+            protocol.send(reply)
+
+
+def _fault_reply(request, exc):
+    """The reply to `request` when serving it failed with `exc`, a fault of the worker."""
+    kind, request_id = request.get("type"), request.get("id")
+    if kind == "execute":
+        return execution.result(request_id, None, execution.worker_error(exc), changed=True)
+    reason = execution.worker_error(exc)["message"]
+    if kind == "checkpoint":
+        return checkpoints.checkpoint_done(request_id, checkpoints.no_checkpoint(reason))
+    return {"type": "restore_done", "id": request_id, "restored": [], "lost": [], "error": reason}

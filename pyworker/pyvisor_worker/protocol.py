@@ -1,0 +1,232 @@
+"""How the worker and the host talk: frames on fds 3 and 4, and the thread that reads them.
+
+The host starts the worker as ``python3 -I -u <worker directory>`` in its own process group,
+with fd 0 reading /dev/null, fds 1 and 2 pipes whose contents the host attributes to the
+running execution, and the protocol on two more pipes: fd 3 (host -> worker) and fd 4
+(worker -> host).
+
+Framing, both ways: a 4-byte big-endian unsigned length, then that many bytes of UTF-8 JSON
+holding one object. No frame is larger than 32 MiB: the worker sends a smaller stand-in for a
+message that would be (see ``_stand_in``), and takes a larger incoming one for a corrupt stream.
+
+Host -> worker:
+
+    {"type": "execute", "id": "e-1", "code": "...", "repr_limit": 65536,
+     "transaction": "commit_always" | "rollback_on_failure"}     commit_always when absent
+    {"type": "input_reply", "id": "e-1", "value": "text"}     "value": null makes it EOF
+    {"type": "interrupt", "id": "e-1"}
+    {"type": "checkpoint", "id": "c-1", "path": "/dir/file", "background": true}
+    {"type": "restore", "id": "r-1", "path": "/dir/file", "clear": true}
+    {"type": "inspect", "id": "i-1"}
+    {"type": "shutdown"}
+
+Executions, checkpoints and restores run one at a time on the main thread, in arrival order.
+An inspect or an interrupt is handled at once by the thread that reads the requests, also while
+code runs.
+An input_reply counts only while an input() of that execution waits for one; other replies,
+and messages of unknown types, are ignored.
+
+Worker -> host:
+
+    {"type": "hello", "protocol": 1, "pid": 1234, "python_version": "3.11.7",
+     "executable": "/usr/bin/python3"}                          once, when ready for requests
+    {"type": "input_request", "id": "e-1", "prompt": "Name: ", "password": false}
+    {"type": "display", "id": "e-1", "mime": "image/png", "data": "<base64>"}
+    {"type": "result", "id": "e-1", "status": "ok" | "error",
+     "result": {"repr": "4", "type": "int"} | null,
+     "error": {"type": "KeyError", "message": "'x'", "traceback": ["..."]} | null,
+     "changed": true, "rolled_back": false}
+    {"type": "checkpoint_done", "id": "c-1", "bytes": 5120, "saved": ["df", "f", "np"],
+     "lost": [{"name": "sock", "reason": "TypeError: cannot pickle 'socket' object"}],
+     "error": null | "why no file was written"}
+    {"type": "restore_done", "id": "r-1", "restored": ["np", "f", "df"], "lost": [...],
+     "error": null | "why the file could not be read"}
+    {"type": "inspect_done", "id": "i-1",
+     "variables": [{"name": "df", "type": "pandas.core.frame.DataFrame", "size_bytes": 2400}],
+     "definitions": [{"name": "f", "kind": "function" | "class" | "lambda", "source": "..."}],
+     "rss_bytes": 31457280 | null}
+
+Every execute request gets exactly one result, after its input requests and displays. The
+modules that make the messages document their fields: execution (results, errors and
+interrupts), changes ("changed" and transactions), display, prompts (input requests),
+checkpoints (checkpoints, their file, restores), inspection, zygote (preload and the zygote).
+
+Ordering: before writing any frame, the worker flushes sys.stdout and sys.stderr (and the
+original ones, should the code have replaced them), so all that the code printed before a frame
+is in the fd 1/2 pipes when the frame arrives. The worker itself never writes to fds 1 and 2.
+
+Exit status: 0 after a shutdown request or when the host closes its end of fd 3 or fd 4; 1 when
+the protocol stream is corrupt or its fds are unusable, or a preload module fails to import.
+"""
+
+import _thread
+import json
+import os
+import queue
+import signal
+import struct
+import sys
+import threading
+
+from pyvisor_worker import state
+
+PROTOCOL_VERSION = 1
+REQUEST_FD = 3
+REPLY_FD = 4
+MAX_FRAME = 32 * 1024 * 1024
+
+_HEADER = struct.Struct(">I")
+encode = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
+decode = json.JSONDecoder().decode
+_write_lock = threading.Lock()
+
+# The reader thread's outputs: execute, checkpoint and restore requests for the main loop, and
+# answers (None meaning end of file) for the input() waiting for one.
+requests = queue.SimpleQueue()
+input_replies = queue.SimpleQueue()
+
+
+def flush_output():
+    """Flush the code's output streams, ignoring any that the code replaced or broke."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def exit_worker(status):
+    """End the worker process now, with the code's output flushed."""
+    flush_output()
+    os._exit(status)
+
+
+def send(message):
+    """Write `message` to the host as one frame, after flushing the code's output."""
+    payload = encode(message).encode("utf-8", "replace")
+    while len(payload) > MAX_FRAME:
+        message = _stand_in(message, len(payload))
+        payload = encode(message).encode("utf-8", "replace")
+    frame = _HEADER.pack(len(payload)) + payload
+    flush_output()
+    if state.sigint_action == "raise" and threading.get_ident() == state.MAIN_THREAD:
+        # The session's code is writing (display(), input()): a KeyboardInterrupt must not cut
+        # the frame short, so it is raised once the frame is whole.
+        state.sigint_action = "defer"
+        try:
+            _write_frame(frame)
+        finally:
+            state.sigint_action = "raise"
+        if state.sigint_deferred:
+            state.sigint_deferred = False
+            raise KeyboardInterrupt
+    else:
+        _write_frame(frame)
+
+
+def _write_frame(frame):
+    """Write all of `frame` to fd 4; exits the worker when that fails."""
+    with _write_lock:
+        try:
+            written = os.write(REPLY_FD, frame)
+            if written < len(frame):  # a signal cut the write short
+                rest = memoryview(frame)[written:]
+                while rest:
+                    rest = rest[os.write(REPLY_FD, rest):]
+        except BrokenPipeError:
+            exit_worker(0)
+        except OSError:
+            exit_worker(1)
+
+
+def _stand_in(message, size):
+    """A smaller message to send instead of `message`, whose frame would take `size` bytes."""
+    kind = message["type"]
+    note = "[pyvisor] %s of %d bytes exceeds the %d-byte frame limit" % (kind, size, MAX_FRAME)
+    if kind == "display":
+        return dict(message, mime="text/plain", data=note)
+    if kind == "input_request":
+        return dict(message, prompt=note)
+    if kind != "result":  # checkpoint_done, restore_done, inspect_done: keep half of each list
+        return {key: value[: len(value) // 2] if isinstance(value, list) else value
+                for key, value in message.items()}
+    result = message["result"]
+    if result is not None and "html" in result:
+        return dict(message, result={"repr": result["repr"], "type": result["type"]})
+    error = {"type": "WorkerError", "message": note, "traceback": []}
+    return dict(message, status="error", result=None, error=error)
+
+
+def _read_exact(size):
+    """The next `size` bytes of fd 3; exits the worker when the host has closed it."""
+    try:
+        data = os.read(REQUEST_FD, size)
+        if len(data) < size:  # a large frame comes through the pipe in pieces
+            buffer = bytearray(data)
+            while data and len(buffer) < size:
+                data = os.read(REQUEST_FD, size - len(buffer))
+                buffer += data
+            data = buffer
+    except OSError:
+        exit_worker(1)
+    if len(data) < size:
+        exit_worker(0)
+    return data
+
+
+def read_message():
+    """The next message from the host; None for a frame that holds no JSON object."""
+    (size,) = _HEADER.unpack(_read_exact(_HEADER.size))
+    if size > MAX_FRAME:
+        exit_worker(1)
+    try:
+        message = decode(_read_exact(size).decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def start_thread(function, *args):
+    """Start a thread that runs `function(*args)` with every signal blocked.
+
+    The kernel then delivers a SIGINT (and any signal the code waits for) to the main
+    thread, waking it from blocking calls. The thread is not waited for (threading.Thread.start()
+    would wait about a millisecond for it to be scheduled).
+    """
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        _thread.start_new_thread(function, args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def read_requests(interrupt, inspect):
+    """Reader thread: route every message from the host, also while the code runs.
+
+    `interrupt(execution_id)` serves an interrupt, and `inspect(request)` makes the reply to an
+    inspect request; both at once, on this thread.
+    """
+    while True:
+        message = read_message()
+        if message is None:
+            continue
+        kind = message.get("type")
+        if kind == "execute":
+            execution_id = message.get("id")
+            if type(execution_id) is str:
+                with state.execution_lock:
+                    state.waiting[execution_id] = False
+            requests.put(message)
+        elif kind in ("checkpoint", "restore"):
+            requests.put(message)
+        elif kind == "interrupt":
+            interrupt(message.get("id"))
+        elif kind == "inspect":
+            send(inspect(message))
+        elif kind == "input_reply":
+            waiting_for = state.input_waiting_for
+            if waiting_for is not None and message.get("id") == waiting_for:
+                value = message.get("value")
+                input_replies.put(value if isinstance(value, str) else None)
+        elif kind == "shutdown":
+            exit_worker(0)

@@ -1,0 +1,40 @@
+"""The worker's state that several modules read and rebind.
+
+Other modules import this module and use ``state.name``, never ``from ... import name``, so
+that all of them see a name rebound anywhere (the lock that a fork replaces, say).
+"""
+
+import builtins
+import threading
+import types
+
+# The session's __main__ module: its dict is the namespace every cell runs in.
+session = types.ModuleType("__main__")
+session.__builtins__ = builtins
+namespace = session.__dict__
+
+# The functions, classes and lambdas that the session's cells (or a restore) defined, by name,
+# in the order they were last defined: name -> (kind, source, value). A record counts only while
+# its name is still bound to its value; the reader thread reads it for inspect.
+definitions = {}
+
+MISSING = object()  # the value of a name that is not bound
+MAIN_THREAD = threading.get_ident()
+
+# Which execution runs and which wait for the main thread, for the reader thread to route an
+# interrupt (see Interrupts in execution); the main thread changes current_id under the lock,
+# which the reader thread holds from its check to its SIGINT.
+execution_lock = threading.Lock()
+current_id = None  # id of the running execution; other threads read it
+waiting = {}  # id of each execution received and not yet taken up -> whether it is interrupted
+input_waiting_for = None  # id of the execution whose input() waits for an answer
+
+# What the SIGINT handler does: "raise" while the session's code runs on the main thread,
+# "defer" while that code has the main thread write a frame, "ignore" otherwise.
+sigint_action = "ignore"
+sigint_deferred = False
+
+
+def is_user_name(name):
+    """Whether `name` is one of the session's own names, not a dunder such as __builtins__."""
+    return type(name) is str and not (name.startswith("__") and name.endswith("__"))
