@@ -135,16 +135,24 @@ pub struct ExecutionResult {
     pub display: Vec<DisplayData>,
     pub error: Option<ErrorInfo>,
     pub duration_ms: f64,
-    /// Set when the session's worker died and its state came back from a checkpoint.
+    /// Set when the session's worker died: what its state came back from.
     pub recovered: Option<Recovered>,
+    /// What the caller should know about the session's state, such as "state not saved:
+    /// ..." while a crash would lose it (SPEC.md §2 `warnings`).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// What a session got back after its worker died (SPEC.md §2 `recovered`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recovered {
-    /// The checkpoint the namespace was restored from.
-    pub checkpoint_id: String,
-    /// Executions that ran after that checkpoint, whose effects are gone (the one that
-    /// crashed included).
+    /// The checkpoint the namespace was restored from; `None` when no checkpoint could be
+    /// used and the session goes on with a fresh namespace.
+    pub checkpoint_id: Option<String>,
+    /// Executions that ran after that checkpoint (or, with a fresh namespace, since the
+    /// session began), whose effects are gone (the one that crashed included).
     pub lost_executions: u64,
+    /// The session's names are all gone: it starts again from an empty namespace.
+    #[serde(default)]
+    pub fresh_namespace: bool,
 }

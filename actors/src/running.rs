@@ -48,6 +48,8 @@ pub(crate) struct Running {
     pub pending_input: Option<SpawnHandle>,
     /// What the session recovered from a checkpoint, to report with this result.
     pub recovered: Option<Recovered>,
+    /// What the result says about the session's durable state.
+    pub warnings: Vec<String>,
 }
 
 impl Running {
@@ -65,6 +67,7 @@ impl Running {
             timer,
             pending_input: None,
             recovered: None,
+            warnings: Vec::new(),
         }
     }
 
@@ -111,6 +114,7 @@ impl Running {
             error,
             duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
             recovered: self.recovered,
+            warnings: self.warnings,
         };
         let _ = self
             .events

@@ -31,6 +31,7 @@ use crate::pool::{Acquire, PoolActor, Slot};
 use crate::running::{InterruptCause, Running};
 use crate::worker::{Worker, WorkerEvent, WorkerSpec};
 
+mod durability;
 mod handlers;
 mod messages;
 mod state;
@@ -41,6 +42,7 @@ pub use messages::{
     ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary,
     SendInput, SessionEnded, SessionPhase, SessionSnapshot,
 };
+pub use durability::DurabilityReport;
 use state::Durability;
 pub use state::{AutoCheckpoint, Inspection, StateSetup};
 
@@ -128,6 +130,7 @@ pub(crate) struct Queued {
 impl SessionActor {
     /// A session that takes `worker` when the actor starts.
     pub fn new(session_id: String, worker: Worker, setup: SessionSetup) -> Self {
+        let durability = Durability::new(setup.state.is_some());
         Self {
             session_id,
             setup,
@@ -142,7 +145,7 @@ impl SessionActor {
             closers: Vec::new(),
             draining: None,
             published_phase: None,
-            durability: Durability::default(),
+            durability,
             keep_state: false,
         }
     }
@@ -253,6 +256,16 @@ impl SessionActor {
         let Some(queued) = self.queue.pop_front() else {
             return;
         };
+        if let Some(recovered) = self.durability.recovered.take() {
+            if recovered.fresh_namespace && recovered.lost_executions > 0 {
+                // The worker died between executions and its state is gone: running this code
+                // in an empty namespace as if nothing happened would mislead its caller.
+                let cause = self.durability.crash_cause.take().unwrap_or_default();
+                queued.refuse_after_crash(&cause, recovered);
+                return self.start_next(ctx);
+            }
+            self.durability.recovered = Some(recovered);
+        }
         let frame = HostMessage::Execute {
             id: queued.ticket.execution_id.clone(),
             code: queued.request.code.clone(),
@@ -351,6 +364,7 @@ impl SessionActor {
         if running.recovered.is_none() {
             running.recovered = self.durability.recovered.take();
         }
+        running.warnings = self.durability.ledger.warnings();
         ctx.cancel_future(running.timer);
         if let Some(timer) = running.pending_input {
             ctx.cancel_future(timer);
@@ -436,6 +450,22 @@ impl SessionActor {
 impl Queued {
     /// Ends an execution that never reached the worker with a `NotExecuted` error.
     fn refuse(&self, reason: &str) {
+        self.end_unrun(host_error("NotExecuted", reason), None);
+    }
+
+    /// Ends an execution that was not run because the worker died before it and the
+    /// session's state is gone (`recovered` says how much).
+    fn refuse_after_crash(&self, cause: &str, recovered: crate::execution::Recovered) {
+        let message = format!(
+            "the worker died between executions ({cause}); no checkpoint could be used, so the \
+             session restarted with a fresh namespace and {} execution(s) are lost; this code \
+             was not run, send it again to run it in the fresh namespace",
+            recovered.lost_executions
+        );
+        self.end_unrun(host_error("WorkerCrashed", message), Some(recovered));
+    }
+
+    fn end_unrun(&self, error: ErrorInfo, recovered: Option<crate::execution::Recovered>) {
         let result = ExecutionResult {
             execution_id: self.ticket.execution_id.clone(),
             execution_count: self.ticket.execution_count,
@@ -444,9 +474,10 @@ impl Queued {
             stderr: String::new(),
             result: None,
             display: Vec::new(),
-            error: Some(host_error("NotExecuted", reason)),
+            error: Some(error),
             duration_ms: 0.0,
-            recovered: None,
+            recovered,
+            warnings: Vec::new(),
         };
         let _ = self
             .events

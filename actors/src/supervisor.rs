@@ -131,6 +131,12 @@ impl Supervisor {
             policy: state.policy,
             scratch: state.scratch.clone(),
             restore_on_start: on_disk,
+            max_bytes: state.max_bytes.unwrap_or_else(|| {
+                let limits = options.limits.as_ref().unwrap_or(&self.config.limits);
+                limits
+                    .memory_mb
+                    .map_or(u64::MAX, |mb| mb.saturating_mul(1024 * 1024))
+            }),
         });
         let setup = SessionSetup {
             state,

@@ -8,8 +8,8 @@ use nix::unistd::Pid;
 use pyvisor_actors::worker::{Worker, WorkerEvent};
 use pyvisor_actors::OutputStream;
 use pyvisor_protocol::{
-    Definition, ErrorInfo, HostMessage, LostName, ResultValue, Transaction, Variable,
-    WorkerMessage, WorkerStatus,
+    CheckpointGroup, Definition, ErrorInfo, HostMessage, LostName, RestoreGroup, ResultValue,
+    Transaction, Variable, WorkerMessage, WorkerStatus,
 };
 
 mod common;
@@ -133,6 +133,26 @@ struct CheckpointDone {
     saved: Vec<String>,
     lost: Vec<LostName>,
     error: Option<String>,
+    index: serde_json::Value,
+    groups: Vec<CheckpointGroup>,
+}
+
+impl CheckpointDone {
+    /// The restore groups of this checkpoint, whose blob files are in `dir`; every group
+    /// must have been written (no earlier checkpoint to take unchanged ones from).
+    fn restore_groups(&self, dir: &Path) -> Vec<RestoreGroup> {
+        self.groups
+            .iter()
+            .map(|group| RestoreGroup {
+                token: group.token.clone(),
+                names: group.names.clone(),
+                path: dir
+                    .join(group.file.as_ref().expect("the group was written"))
+                    .to_string_lossy()
+                    .into_owned(),
+            })
+            .collect()
+    }
 }
 
 async fn checkpoint_done(worker: &mut Worker, wanted: &str) -> CheckpointDone {
@@ -143,38 +163,56 @@ async fn checkpoint_done(worker: &mut Worker, wanted: &str) -> CheckpointDone {
             saved,
             lost,
             error,
+            index,
+            groups,
         } if id == wanted => CheckpointDone {
             bytes,
             saved,
             lost,
             error,
+            index,
+            groups,
         },
         other => panic!("expected checkpoint_done {wanted}, got {other:?}"),
     }
 }
 
-async fn checkpoint(worker: &mut Worker, path: &Path) -> CheckpointDone {
-    send(
-        worker,
-        HostMessage::Checkpoint {
-            id: "c".into(),
-            path: path.to_str().unwrap().into(),
-            background: false,
-        },
-    );
+fn checkpoint_message(id: &str, dir: &Path, background: bool, incremental: bool) -> HostMessage {
+    HostMessage::Checkpoint {
+        id: id.into(),
+        dir: dir.to_str().unwrap().into(),
+        background,
+        incremental,
+        max_bytes: u64::MAX,
+    }
+}
+
+/// A checkpoint of every group into the directory `dir`, written by the worker itself.
+async fn checkpoint(worker: &mut Worker, dir: &Path) -> CheckpointDone {
+    std::fs::create_dir_all(dir).unwrap();
+    send(worker, checkpoint_message("c", dir, false, false));
     checkpoint_done(worker, "c").await
 }
 
-async fn restore(
+struct RestoreDone {
+    restored: Vec<String>,
+    kept: Vec<String>,
+    lost: Vec<LostName>,
+    error: Option<String>,
+}
+
+async fn restore_groups(
     worker: &mut Worker,
-    path: &Path,
+    index: serde_json::Value,
+    groups: Vec<RestoreGroup>,
     clear: bool,
-) -> (Vec<String>, Vec<LostName>, Option<String>) {
+) -> RestoreDone {
     send(
         worker,
         HostMessage::Restore {
             id: "r".into(),
-            path: path.to_str().unwrap().into(),
+            index,
+            groups,
             clear,
         },
     );
@@ -184,9 +222,34 @@ async fn restore(
             restored,
             lost,
             error,
-        } if id == "r" => (restored, lost, error),
+            kept,
+        } if id == "r" => RestoreDone {
+            restored,
+            kept,
+            lost,
+            error,
+        },
         other => panic!("expected restore_done, got {other:?}"),
     }
+}
+
+/// Restores the checkpoint `done`, written to `dir`.
+async fn restore(
+    worker: &mut Worker,
+    done: &CheckpointDone,
+    dir: &Path,
+    clear: bool,
+) -> (Vec<String>, Vec<LostName>, Option<String>) {
+    let outcome = restore_groups(worker, done.index.clone(), done.restore_groups(dir), clear).await;
+    (outcome.restored, outcome.lost, outcome.error)
+}
+
+fn blob_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.metadata().unwrap().len())
+        .sum()
 }
 
 async fn inspect_done(worker: &mut Worker) -> (Vec<Variable>, Vec<Definition>, Option<u64>) {
@@ -251,10 +314,12 @@ async fn checkpoint_restores_into_a_fresh_worker() {
 
     let done = checkpoint(&mut first, &path).await;
     assert_eq!(done.error, None);
-    let metadata = std::fs::metadata(&path).expect("the checkpoint file is written");
-    assert_eq!(done.bytes, metadata.len());
+    assert_eq!(done.bytes, blob_bytes(&path));
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(metadata.permissions().mode() & 0o777, 0o600);
+    for blob in std::fs::read_dir(&path).unwrap().flatten() {
+        let mode = blob.metadata().unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{blob:?}");
+    }
     assert_eq!(names(&done.lost), ["gen", "sock"], "{:?}", done.lost);
     assert!(
         done.lost.iter().all(|lost| lost.reason.contains("pickle")),
@@ -274,7 +339,7 @@ async fn checkpoint_restores_into_a_fresh_worker() {
     drop(first);
 
     let mut fresh = start().await;
-    let (restored, lost, error) = restore(&mut fresh, &path, true).await;
+    let (restored, lost, error) = restore(&mut fresh, &done, &path, true).await;
     assert_eq!(error, None);
     assert!(lost.is_empty(), "{lost:?}");
     assert!(
@@ -312,7 +377,7 @@ async fn checkpoint_restores_into_a_fresh_worker() {
         done.saved
     );
     let mut third = start().await;
-    let (_, lost, error) = restore(&mut third, &again, false).await;
+    let (_, lost, error) = restore(&mut third, &done, &again, false).await;
     assert_eq!((lost.len(), error), (0, None));
     assert_eq!(repr(&mut third, "add(1, 1), p.norm2()").await, "(44, 25)");
 }
@@ -321,13 +386,26 @@ async fn checkpoint_restores_into_a_fresh_worker() {
 async fn restore_reports_what_it_cannot_read_or_bring_back() {
     let dir = tempfile::tempdir().unwrap();
     let mut worker = start().await;
-    let garbage = dir.path().join("garbage");
-    std::fs::write(&garbage, b"not a checkpoint").unwrap();
-    let (restored, _, error) = restore(&mut worker, &garbage, true).await;
-    assert!(restored.is_empty());
-    assert!(error.is_some(), "garbage is refused");
-    let (_, _, error) = restore(&mut worker, &dir.path().join("missing"), true).await;
-    assert!(error.is_some(), "a missing file is refused");
+    let garbage = restore_groups(&mut worker, serde_json::json!({"format": 1}), Vec::new(), true).await;
+    assert!(garbage.restored.is_empty());
+    assert!(garbage.error.is_some(), "an index of another format is refused");
+    let groups = vec![RestoreGroup {
+        token: "t".into(),
+        names: vec!["a".into(), "b".into()],
+        path: dir.path().join("missing").to_string_lossy().into_owned(),
+    }];
+    let index = serde_json::json!({"format": 2, "pickler": "pickle", "imports": [], "sources": []});
+    let missing = restore_groups(&mut worker, index.clone(), groups, true).await;
+    assert_eq!(missing.error, None, "a missing blob loses its names, not the restore");
+    assert_eq!(names(&missing.lost), ["a", "b"]);
+    std::fs::write(dir.path().join("garbage"), b"not a blob").unwrap();
+    let groups = vec![RestoreGroup {
+        token: "t".into(),
+        names: vec!["c".into()],
+        path: dir.path().join("garbage").to_string_lossy().into_owned(),
+    }];
+    let corrupt = restore_groups(&mut worker, index, groups, true).await;
+    assert_eq!(names(&corrupt.lost), ["c"]);
 
     // A name whose restore fails is lost; the others come back. The module `vanishing` exists
     // only in the first worker: the fresh one cannot import it, nor run the source of the class
@@ -348,7 +426,7 @@ async fn restore_reports_what_it_cannot_read_or_bring_back() {
     let done = checkpoint(&mut worker, &path).await;
     assert_eq!((done.lost.len(), done.error), (0, None), "{:?}", done.lost);
     let mut fresh = start().await;
-    let (restored, lost, error) = restore(&mut fresh, &path, false).await;
+    let (restored, lost, error) = restore(&mut fresh, &done, &path, false).await;
     assert_eq!(error, None);
     assert_eq!(names(&lost), ["Fragile", "thing", "vanishing"], "{lost:?}");
     assert!(lost.iter().all(|lost| !lost.reason.is_empty()));
@@ -365,7 +443,7 @@ async fn restore_reports_what_it_cannot_read_or_bring_back() {
 #[tokio::test]
 async fn background_checkpoint_lets_executions_run_and_writes_a_whole_file() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("big");
+    let path = dir.path().to_owned();
     let mut worker = start().await;
     // Pickling `slow` takes a second in the child that writes the checkpoint: the worker's
     // answers to the executions sent after the request cannot come after checkpoint_done
@@ -383,14 +461,8 @@ async fn background_checkpoint_lets_executions_run_and_writes_a_whole_file() {
          slow = Slow()",
     )
     .await;
-    send(
-        &worker,
-        HostMessage::Checkpoint {
-            id: "bg".into(),
-            path: path.to_str().unwrap().into(),
-            background: true,
-        },
-    );
+    // The first checkpoint is written in the background: nothing says yet that it is small.
+    send(&worker, checkpoint_message("bg", &path, true, false));
     for index in 0..3 {
         let id = format!("e{index}");
         send(
@@ -405,16 +477,12 @@ async fn background_checkpoint_lets_executions_run_and_writes_a_whole_file() {
     let done = checkpoint_done(&mut worker, "bg").await;
     assert_eq!(done.error, None);
     assert!(done.lost.is_empty(), "{:?}", done.lost);
-    assert_eq!(done.bytes, std::fs::metadata(&path).unwrap().len());
+    assert_eq!(done.bytes, blob_bytes(&path));
     assert!(done.bytes > 100 * 1024 * 1024);
-    assert!(
-        !dir.path().join("big.report").exists(),
-        "the report is removed"
-    );
 
-    // The file holds the namespace as it was when the checkpoint was asked for.
+    // The files hold the namespace as it was when the checkpoint was asked for.
     let mut fresh = start().await;
-    let (_, lost, error) = restore(&mut fresh, &path, true).await;
+    let (_, lost, error) = restore(&mut fresh, &done, &path, true).await;
     assert_eq!((lost.len(), error), (0, None));
     assert_eq!(
         repr(&mut fresh, "len(big), big[-1], count, type(slow).__name__").await,
@@ -564,4 +632,63 @@ async fn inspect_answers_while_code_runs() {
         }]
     );
     assert!(rss_bytes.unwrap() > 1024 * 1024);
+}
+
+#[tokio::test]
+async fn an_incremental_checkpoint_leaves_unchanged_groups_out_and_a_restore_keeps_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first_dir, second_dir) = (dir.path().join("first"), dir.path().join("second"));
+    let mut worker = start().await;
+    ok(
+        &mut worker,
+        "big = bytearray(300_000)\nalias = big\nholder = {'data': big}\nsmall = 1",
+    )
+    .await;
+    let first = checkpoint(&mut worker, &first_dir).await;
+    assert_eq!(first.error, None);
+    let group_of = |done: &CheckpointDone, name: &str| {
+        done.groups
+            .iter()
+            .find(|group| group.names.iter().any(|n| n == name))
+            .cloned()
+            .unwrap()
+    };
+    // Names that share an object go together.
+    assert_eq!(group_of(&first, "big").names, ["big", "alias", "holder"]);
+
+    ok(&mut worker, "small = 2").await;
+    std::fs::create_dir_all(&second_dir).unwrap();
+    send(&worker, checkpoint_message("c2", &second_dir, false, true));
+    let second = checkpoint_done(&mut worker, "c2").await;
+    assert_eq!(second.error, None);
+    let big = group_of(&second, "big");
+    assert_eq!((big.file, &big.token), (None, &group_of(&first, "big").token));
+    assert!(group_of(&second, "small").file.is_some());
+    assert!(second.bytes < 10_000, "only small is written: {}", second.bytes);
+
+    // A change through the alias makes the group new again.
+    ok(&mut worker, "alias[0] = 9").await;
+    let third_dir = dir.path().join("third");
+    std::fs::create_dir_all(&third_dir).unwrap();
+    send(&worker, checkpoint_message("c3", &third_dir, false, true));
+    let third = checkpoint_done(&mut worker, "c3").await;
+    assert!(group_of(&third, "big").file.is_some());
+
+    // Back to the first checkpoint: the group of big changed since, small too.
+    let back = restore_groups(
+        &mut worker,
+        first.index.clone(),
+        first.restore_groups(&first_dir),
+        true,
+    )
+    .await;
+    assert_eq!(back.error, None);
+    assert!(has(&back.restored, "big") && has(&back.restored, "small"));
+    assert_eq!(
+        repr(&mut worker, "small, big[0], big is alias, holder['data'] is big").await,
+        "(1, 0, True, True)"
+    );
+    // Restoring it again keeps what is unchanged since that restore.
+    let again = restore_groups(&mut worker, first.index.clone(), first.restore_groups(&first_dir), true).await;
+    assert!(has(&again.kept, "big") && has(&again.kept, "alias"), "{:?}", again.kept);
 }

@@ -106,7 +106,7 @@ async fn engine_in(dir: &Path, preload: &[&str]) -> Engine {
         },
         state: StateConfig {
             dir: Some(dir.to_owned()),
-            max_bytes: 512 * 1024 * 1024,
+            max_bytes: Some(512 * 1024 * 1024),
             auto: AutoCheckpoint {
                 after_changes: 0,
                 ..AutoCheckpoint::default()

@@ -9,7 +9,9 @@ pub use resolve::http_addr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pyvisor_actors::checkpoint::{DEFAULT_MAX_BYTES, DEFAULT_RETENTION};
+use pyvisor_actors::checkpoint::{
+    DEFAULT_RETENTION, DEFAULT_SESSION_DISK_BYTES, DEFAULT_TOTAL_DISK_BYTES,
+};
 use pyvisor_actors::pool::PoolConfig;
 use pyvisor_actors::session::AutoCheckpoint;
 use pyvisor_actors::SessionLimits;
@@ -57,10 +59,16 @@ pub struct StateConfig {
     /// The state directory; `$XDG_STATE_HOME/pyvisor` (else `~/.local/state/pyvisor`) when
     /// `None`.
     pub dir: Option<PathBuf>,
-    /// Checkpoints kept per session, newest first.
+    /// Checkpoints kept per session, newest first. They share the blobs of unchanged groups
+    /// of names, so many cost little more than one.
     pub retention: usize,
-    /// Largest checkpoint payload; a larger one fails with a "limit exceeded" error.
-    pub max_bytes: usize,
+    /// Largest state one checkpoint of a session may hold; the session's memory limit when
+    /// `None`. A larger one is not saved, and every result says so.
+    pub max_bytes: Option<u64>,
+    /// What one session's checkpoints may take on disk; the oldest are pruned to stay below.
+    pub session_disk_bytes: u64,
+    /// What the checkpoints of all sessions may take on disk.
+    pub total_disk_bytes: u64,
     /// When sessions checkpoint by themselves.
     pub auto: AutoCheckpoint,
 }
@@ -71,7 +79,9 @@ impl Default for StateConfig {
             enabled: true,
             dir: None,
             retention: DEFAULT_RETENTION.get(),
-            max_bytes: DEFAULT_MAX_BYTES,
+            max_bytes: None,
+            session_disk_bytes: DEFAULT_SESSION_DISK_BYTES,
+            total_disk_bytes: DEFAULT_TOTAL_DISK_BYTES,
             auto: AutoCheckpoint::default(),
         }
     }

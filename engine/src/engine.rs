@@ -276,7 +276,11 @@ fn open_state(config: &StateConfig) -> Result<Option<(StateOptions, Scratch)>, E
     };
     let mut store_config = CheckpointStoreConfig::new(&dir);
     store_config.retention = NonZeroUsize::new(config.retention).unwrap_or(DEFAULT_RETENTION);
-    store_config.max_bytes = config.max_bytes;
+    if let Some(max_bytes) = config.max_bytes {
+        store_config.max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+    }
+    store_config.session_disk_bytes = config.session_disk_bytes;
+    store_config.total_disk_bytes = config.total_disk_bytes;
     let store =
         CheckpointStore::open(store_config).map_err(|e| fail("open the checkpoint store", &e))?;
     let scratch = Scratch::create(&dir).map_err(|e| fail("create the scratch directory", &e))?;
@@ -284,6 +288,7 @@ fn open_state(config: &StateConfig) -> Result<Option<(StateOptions, Scratch)>, E
         store,
         policy: config.auto,
         scratch: scratch.path().to_owned(),
+        max_bytes: config.max_bytes,
     };
     Ok(Some((options, scratch)))
 }

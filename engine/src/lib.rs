@@ -32,7 +32,8 @@ pub use pyvisor_actors::checkpoint::CheckpointInfo;
 pub use pyvisor_actors::metrics::describe as describe_metrics;
 pub use pyvisor_actors::pool::{PoolConfig, PoolStats};
 pub use pyvisor_actors::session::{
-    AutoCheckpoint, CheckpointSummary, Inspection, RestoreSummary, SessionPhase, SessionSnapshot,
+    AutoCheckpoint, CheckpointSummary, DurabilityReport, Inspection, RestoreSummary, SessionPhase,
+    SessionSnapshot,
 };
 pub use pyvisor_actors::supervisor::{Interpreter, SessionOptions};
 pub use pyvisor_actors::{

@@ -121,7 +121,15 @@ async fn every_method_works_through_the_socket() {
     let listed = conn
         .call("session.checkpoints", json!({"session_id": session}))
         .await;
-    assert_eq!(listed[0]["checkpoint_id"], checkpoint_id);
+    // An automatic checkpoint may be listed beside it, before or after.
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|entry| entry["checkpoint_id"] == checkpoint_id.as_str()),
+        "{listed}"
+    );
     execute(&mut conn, &session, "x = 0").await;
     let restored = conn
         .call(

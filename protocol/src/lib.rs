@@ -15,6 +15,7 @@ pub mod messages;
 pub use errors::FrameError;
 pub use frame::{encode_frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER_BYTES};
 pub use messages::{
-    Definition, ErrorInfo, HostMessage, LostName, ResultValue, Rlimit, RlimitResource, Transaction,
-    Variable, WorkerMessage, WorkerStatus, ZygoteReply, ZygoteRequest, PROTOCOL_VERSION,
+    CheckpointGroup, Definition, ErrorInfo, HostMessage, LostName, RestoreGroup, ResultValue,
+    Rlimit, RlimitResource, Transaction, Variable, WorkerMessage, WorkerStatus, ZygoteReply,
+    ZygoteRequest, PROTOCOL_VERSION,
 };

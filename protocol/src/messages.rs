@@ -35,22 +35,50 @@ pub enum HostMessage {
     Shutdown,
     /// Lets a worker forked by the zygote run: the host has contained it (janitor, cgroup).
     Start,
-    /// Save the namespace to the file `path`, between executions; with `background`, in a
-    /// forked child so that the worker goes on serving while it is written.
+    /// Save the namespace, between executions, as groups of names (those that share objects
+    /// go together): each group that changed since the checkpoint the worker last reported
+    /// (when `incremental`) is pickled to a file of its own in the directory `dir`. With
+    /// `background`, a forked child writes them while the worker goes on serving. A state
+    /// over `max_bytes` is not written.
     Checkpoint {
         id: String,
-        path: String,
+        dir: String,
         background: bool,
+        incremental: bool,
+        max_bytes: u64,
     },
-    /// Load the namespace saved in the file `path`, between executions; with `clear`, the
-    /// names the session has now are removed first.
+    /// Bring the namespace back to a checkpoint: `index` as the worker reported it, and each
+    /// group's blob file. With `clear`, names the checkpoint does not have are removed; a
+    /// group the worker still holds unchanged (same token) is kept as it is, not reloaded.
     Restore {
         id: String,
-        path: String,
+        index: serde_json::Value,
+        groups: Vec<RestoreGroup>,
         clear: bool,
     },
     /// Describe the namespace; answered at once, also while code runs.
     Inspect { id: String },
+}
+
+/// One group of names of a checkpoint to restore, and the file that holds its values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreGroup {
+    pub token: String,
+    pub names: Vec<String>,
+    pub path: String,
+}
+
+/// One group of names of a checkpoint the worker wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointGroup {
+    /// The worker's name for this version of the group; unchanged groups keep theirs.
+    pub token: String,
+    pub names: Vec<String>,
+    /// The file (a name within the checkpoint's directory) holding the values; `None` when the
+    /// group is unchanged since the checkpoint the worker last reported.
+    pub file: Option<String>,
+    /// The length of `file`, or of the unchanged group's blob.
+    pub bytes: u64,
 }
 
 /// What an execution does to the namespace when it fails.
@@ -103,11 +131,17 @@ pub enum WorkerMessage {
     /// The checkpoint `id` is written (or `error` says why not).
     CheckpointDone {
         id: String,
-        /// Size of the file written.
+        /// Bytes of the files written.
         bytes: u64,
         saved: Vec<String>,
         lost: Vec<LostName>,
         error: Option<String>,
+        /// What the worker needs besides the groups to restore (imports, definitions); the
+        /// host keeps it as it is.
+        #[serde(default)]
+        index: serde_json::Value,
+        #[serde(default)]
+        groups: Vec<CheckpointGroup>,
     },
     /// The restore `id` is done (or `error` says why it could not start).
     RestoreDone {
@@ -115,6 +149,9 @@ pub enum WorkerMessage {
         restored: Vec<String>,
         lost: Vec<LostName>,
         error: Option<String>,
+        /// Names the restore left as they were, because the worker held them unchanged.
+        #[serde(default)]
+        kept: Vec<String>,
     },
     /// The namespace as the inspect `id` found it.
     InspectDone {

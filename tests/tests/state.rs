@@ -135,7 +135,7 @@ async fn a_killed_worker_comes_back_from_the_last_checkpoint_and_says_what_was_l
     let recovered = next
         .recovered
         .expect("the result says the session recovered");
-    assert_eq!(recovered.checkpoint_id, saved.checkpoint_id);
+    assert_eq!(recovered.checkpoint_id, Some(saved.checkpoint_id.clone()));
     assert_eq!(recovered.lost_executions, 2, "b = 2 and c = 3 are gone");
     // Only the first result after the recovery carries it.
     assert!(run(&session, "a").await.recovered.is_none());
@@ -153,7 +153,7 @@ async fn the_crashed_execution_itself_reports_the_recovery() {
     let recovered = crashed
         .recovered
         .expect("recovered is set on the crashed result");
-    assert_eq!(recovered.checkpoint_id, saved.checkpoint_id);
+    assert_eq!(recovered.checkpoint_id, Some(saved.checkpoint_id.clone()));
     assert_eq!(recovered.lost_executions, 1, "the crashed execution itself");
     assert!(crashed
         .error

@@ -96,7 +96,12 @@ impl Handler<GetInfo> for SessionActor {
             queued: self.queue.len(),
             restarts: self.restarts,
             containment: self.worker.as_ref().map(|w| w.containment),
-            last_checkpoint: self.durability.last.map(|last| last.id.to_string()),
+            last_checkpoint: self
+                .durability
+                .ledger
+                .last
+                .map(|last| last.id.to_string()),
+            durability: self.durability.ledger.report(),
             namespace: None,
         };
         Box::pin(async move {

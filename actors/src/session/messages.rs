@@ -78,8 +78,11 @@ pub struct CheckpointNow;
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckpointSummary {
     pub checkpoint_id: String,
-    /// Size of the checkpoint file.
+    /// Bytes the checkpoint added to the disk: its file and the blobs of the groups that
+    /// changed.
     pub bytes: u64,
+    /// Bytes of all the blobs the checkpoint holds, shared with earlier ones or not.
+    pub state_bytes: u64,
     pub saved: Vec<String>,
     pub lost: Vec<LostName>,
     pub duration_ms: f64,
@@ -97,6 +100,8 @@ pub struct RestoreCheckpoint {
 pub struct RestoreSummary {
     pub checkpoint_id: String,
     pub restored: Vec<String>,
+    /// Names the worker held unchanged, left as they were rather than reloaded.
+    pub kept: Vec<String>,
     pub lost: Vec<LostName>,
 }
 
@@ -158,6 +163,8 @@ pub struct SessionSnapshot {
     pub containment: Option<&'static str>,
     /// The latest checkpoint the session wrote or restored.
     pub last_checkpoint: Option<String>,
+    /// Whether a crash now would lose anything, and why.
+    pub durability: super::DurabilityReport,
     /// The namespace as the worker described it; `None` when it could not answer in time.
     pub namespace: Option<Inspection>,
 }

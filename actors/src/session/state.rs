@@ -2,26 +2,34 @@
 //! policy), restores (asked for, after a crash, or for a named session found on disk), and
 //! inspection of the namespace.
 //!
-//! The worker writes and reads the payload files (pyworker/pyvisor_worker/checkpoints.py
-//! documents them); the host moves them between its scratch directory and the
-//! [`CheckpointStore`] on the blocking pool, never on the actor's thread. A checkpoint is
-//! taken by a forked child of the worker, so executions go on while it is written. When the
-//! worker dies, the session remembers which checkpoint it will come back from and how many
-//! executions that loses; the replacement worker restores it before it runs anything else,
-//! and the next result says so.
+//! For a checkpoint the worker writes one blob file per changed group of names into a
+//! directory of the engine's scratch directory (pyworker/pyvisor_worker/checkpoints.py and
+//! blobfiles.py document them), and reports the groups; the host takes the files into the [`CheckpointStore`] on
+//! the blocking pool, never on the actor's thread. A checkpoint is written by a forked child
+//! of the worker, so executions go on meanwhile. A restore hands the worker the blob files of
+//! each group; groups it still holds unchanged are kept, not reloaded. When the worker dies,
+//! the session comes back from its latest checkpoint, or says that its namespace is fresh;
+//! [`Ledger`] keeps that account and what results must say about it.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pyvisor_protocol::{Definition, HostMessage, LostName, Variable};
+use pyvisor_protocol::{
+    CheckpointGroup, Definition, HostMessage, LostName, RestoreGroup, Variable,
+};
 use tokio::sync::oneshot;
 
+use super::durability::{LastCheckpoint, Ledger};
 use super::messages::{CheckpointSummary, RestoreSummary};
 use super::{SessionActor, State};
-use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointMeta, CheckpointStore};
+use crate::checkpoint::{
+    CheckpointError, CheckpointId, CheckpointMeta, CheckpointStore, GroupSource, NewCheckpoint,
+    NewGroup,
+};
 use crate::errors::SessionError;
 use crate::execution::Recovered;
 use crate::metrics;
@@ -39,11 +47,13 @@ pub struct StateSetup {
     /// The session's key in the store, from [`StateSetup::key_for`].
     pub key: String,
     pub policy: AutoCheckpoint,
-    /// Directory for payload files on their way between the worker and the store.
+    /// Directory where the worker writes the blob files of a checkpoint for the store.
     pub scratch: PathBuf,
     /// Restore the latest checkpoint before the first execution (a named session that an
     /// earlier engine left on disk).
     pub restore_on_start: bool,
+    /// The largest state a checkpoint of this session may hold, in bytes.
+    pub max_bytes: u64,
 }
 
 impl StateSetup {
@@ -96,6 +106,23 @@ pub struct Inspection {
     pub rss_bytes: Option<u64>,
 }
 
+/// A checkpoint as the worker reported it.
+pub(super) struct CheckpointReport {
+    pub saved: Vec<String>,
+    pub lost: Vec<LostName>,
+    pub error: Option<String>,
+    pub index: serde_json::Value,
+    pub groups: Vec<CheckpointGroup>,
+}
+
+/// A restore as the worker reported it.
+pub(super) struct RestoreReport {
+    pub restored: Vec<String>,
+    pub kept: Vec<String>,
+    pub lost: Vec<LostName>,
+    pub error: Option<String>,
+}
+
 type CheckpointReply = oneshot::Sender<Result<CheckpointSummary, SessionError>>;
 type RestoreReply = oneshot::Sender<Result<RestoreSummary, SessionError>>;
 
@@ -103,26 +130,22 @@ type RestoreReply = oneshot::Sender<Result<RestoreSummary, SessionError>>;
 enum Pending {
     Checkpoint {
         reply: Option<CheckpointReply>,
-        path: PathBuf,
+        /// The directory the worker writes the blob files to.
+        dir: PathBuf,
         execution_count: u64,
+        /// The ledger's mark when the checkpoint was asked for.
+        mark: u64,
         started: Instant,
     },
     Restore {
         reply: Option<RestoreReply>,
-        path: PathBuf,
-        id: CheckpointId,
+        checkpoint: LastCheckpoint,
+        /// A restore after the worker died, before anything else runs.
+        recovery: bool,
     },
     Inspect {
         reply: oneshot::Sender<Inspection>,
     },
-}
-
-/// The latest checkpoint this session wrote or restored.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct LastCheckpoint {
-    pub id: CheckpointId,
-    pub execution_count: u64,
-    at: Instant,
 }
 
 /// The session's bookkeeping of its durable state.
@@ -130,17 +153,29 @@ pub(super) struct LastCheckpoint {
 pub(super) struct Durability {
     pending: HashMap<String, Pending>,
     next_request: u64,
-    /// Executions that may have changed the namespace since the last checkpoint.
+    /// Executions that may have changed the namespace since the last checkpoint request.
     changes: u32,
-    pub last: Option<LastCheckpoint>,
+    pub ledger: Ledger,
+    /// The worker's record of the groups it last reported matches what the store holds, so
+    /// its next checkpoint may leave unchanged groups out.
+    incremental: bool,
     auto_timer: Option<SpawnHandle>,
     /// To report with the next result: what came back after the worker died.
     pub recovered: Option<Recovered>,
+    /// How the last worker ended, for a result refused after it died between executions.
+    pub crash_cause: Option<String>,
     /// The next worker restores the latest checkpoint before it runs anything.
     pub restore_next_worker: bool,
 }
 
 impl Durability {
+    pub fn new(checkpoints_on: bool) -> Self {
+        Self {
+            ledger: Ledger::new(checkpoints_on),
+            ..Self::default()
+        }
+    }
+
     /// A timer of the old actor incarnation is gone after a restart.
     pub fn forget_timers(&mut self) {
         self.auto_timer = None;
@@ -183,37 +218,49 @@ impl SessionActor {
         reply: Option<CheckpointReply>,
         ctx: &mut Context<Self>,
     ) -> Result<(), SessionError> {
-        let scratch = self.state_setup()?.scratch.clone();
+        let setup = self.state_setup()?;
+        let (scratch, max_bytes) = (setup.scratch.clone(), setup.max_bytes);
         if self.worker.is_none() || matches!(self.state, State::Restoring) {
             return Err(self.no_worker());
         }
         let id = self.next_request_id("k");
-        let path = scratch.join(format!("{}-{id}.payload", self.session_id));
+        let dir = scratch.join(format!("{}-{id}", self.session_id));
+        let worker_state = |reason: String| SessionError::WorkerState {
+            session_id: self.session_id.clone(),
+            reason,
+        };
+        // One mkdir: the worker needs the directory before it forks its writer.
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|err| worker_state(format!("create {}: {err}", dir.display())))?;
         let frame = HostMessage::Checkpoint {
             id: id.clone(),
-            path: path.to_string_lossy().into_owned(),
+            dir: dir.to_string_lossy().into_owned(),
             background: true,
+            incremental: self.durability.incremental,
+            max_bytes,
         };
         if let Some(worker) = &self.worker {
-            worker
-                .writer
-                .send(&frame)
-                .map_err(|err| SessionError::WorkerState {
-                    session_id: self.session_id.clone(),
-                    reason: err.to_string(),
-                })?;
+            if let Err(err) = worker.writer.send(&frame) {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(worker_state(err.to_string()));
+            }
         }
         let execution_count = self.last_started_count();
         let expiring = id.clone();
         ctx.run_later(CHECKPOINT_TIMEOUT, move |act, _| {
-            if let Some(Pending::Checkpoint { reply, path, .. }) =
+            if let Some(Pending::Checkpoint { reply, dir, .. }) =
                 act.durability.pending.remove(&expiring)
             {
-                let _ = std::fs::remove_file(path);
+                remove_dir_later(dir);
+                let reason = format!("no checkpoint within {CHECKPOINT_TIMEOUT:?}");
+                act.durability.ledger.failed(reason.clone());
+                act.durability.incremental = false;
                 if let Some(reply) = reply {
                     let _ = reply.send(Err(SessionError::WorkerState {
                         session_id: act.session_id.clone(),
-                        reason: format!("no checkpoint within {CHECKPOINT_TIMEOUT:?}"),
+                        reason,
                     }));
                 }
             }
@@ -222,8 +269,9 @@ impl SessionActor {
             id,
             Pending::Checkpoint {
                 reply,
-                path,
+                dir,
                 execution_count,
+                mark: self.durability.ledger.mark(),
                 started: Instant::now(),
             },
         );
@@ -231,19 +279,18 @@ impl SessionActor {
         Ok(())
     }
 
-    /// The worker wrote (or failed to write) the payload of checkpoint `id`: store it.
+    /// The worker wrote (or failed to write) the blobs of checkpoint `id`: store them.
     pub(super) fn checkpoint_done(
         &mut self,
         id: &str,
-        saved: Vec<String>,
-        lost: Vec<LostName>,
-        error: Option<String>,
+        report: CheckpointReport,
         ctx: &mut Context<Self>,
     ) {
         let Some(Pending::Checkpoint {
             reply,
-            path,
+            dir,
             execution_count,
+            mark,
             started,
         }) = self.durability.pending.remove(id)
         else {
@@ -252,9 +299,11 @@ impl SessionActor {
         let Ok(setup) = self.state_setup() else {
             return;
         };
-        if let Some(reason) = error {
-            let _ = std::fs::remove_file(&path);
+        if let Some(reason) = report.error {
+            remove_dir_later(dir);
             tracing::warn!(session = %self.session_id, %reason, "checkpoint failed in the worker");
+            self.durability.ledger.failed(reason.clone());
+            self.durability.incremental = false;
             if let Some(reply) = reply {
                 let _ = reply.send(Err(SessionError::WorkerState {
                     session_id: self.session_id.clone(),
@@ -263,12 +312,12 @@ impl SessionActor {
             }
             return;
         }
-        let store = setup.store.clone();
-        let key = setup.key.clone();
+        let (store, key, max_bytes) = (setup.store.clone(), setup.key.clone(), setup.max_bytes);
         let meta = CheckpointMeta {
             execution_count,
-            names_saved: saved.clone(),
-            names_lost: lost
+            names_saved: report.saved.clone(),
+            names_lost: report
+                .lost
                 .iter()
                 .map(|l| crate::checkpoint::LostName {
                     name: l.name.clone(),
@@ -276,24 +325,29 @@ impl SessionActor {
                 })
                 .collect(),
         };
+        let (saved, lost) = (report.saved, report.lost);
         let stored = tokio::task::spawn_blocking(move || {
-            let payload = read_payload(&path, &store);
-            let _ = std::fs::remove_file(&path);
-            store.save(&key, &meta, &payload?)
+            let stored = store_checkpoint(&store, &key, &dir, &meta, &report.index, report.groups, max_bytes);
+            let _ = std::fs::remove_dir_all(&dir);
+            stored
         });
         ctx.spawn(stored.into_actor(self).map(move |stored, act, ctx| {
             let outcome = match stored {
                 Ok(Ok(info)) => {
                     let elapsed = started.elapsed();
-                    metrics::checkpoint_written(elapsed, info.file_bytes);
-                    act.durability.last = Some(LastCheckpoint {
+                    let written = info.written_bytes.unwrap_or(info.file_bytes);
+                    metrics::checkpoint_written(elapsed, written);
+                    let last = LastCheckpoint {
                         id: info.id,
                         execution_count,
                         at: Instant::now(),
-                    });
+                    };
+                    act.durability.ledger.stored(last, mark, lost.clone());
+                    act.durability.incremental = true;
                     Ok(CheckpointSummary {
                         checkpoint_id: info.id.to_string(),
-                        bytes: info.file_bytes,
+                        bytes: written,
+                        state_bytes: info.state_bytes,
                         saved,
                         lost,
                         duration_ms: elapsed.as_secs_f64() * 1000.0,
@@ -307,6 +361,8 @@ impl SessionActor {
             };
             if let Err(err) = &outcome {
                 tracing::warn!(session = %act.session_id, error = %err, "checkpoint not stored");
+                act.durability.ledger.failed(checkpoint_failure(err));
+                act.durability.incremental = false;
             }
             if let Some(reply) = reply {
                 let _ = reply.send(outcome);
@@ -317,12 +373,14 @@ impl SessionActor {
     }
 
     /// Loads checkpoint `id` (the latest when `None`) and has the worker restore it. With
-    /// `before_anything`, the session runs nothing until the restore frame is sent.
+    /// `recovery` (the worker died), the session runs nothing until the restore frame is
+    /// sent, and a checkpoint that cannot be restored leaves the session with a fresh
+    /// namespace that the next result reports.
     pub(super) fn start_restore(
         &mut self,
         id: Option<CheckpointId>,
         reply: Option<RestoreReply>,
-        before_anything: bool,
+        recovery: bool,
         ctx: &mut Context<Self>,
     ) {
         let setup = match self.state_setup() {
@@ -334,25 +392,15 @@ impl SessionActor {
                 return;
             }
         };
-        if before_anything {
+        if recovery {
             self.state = State::Restoring;
         }
-        let request = self.next_request_id("r");
-        let path = setup
-            .scratch
-            .join(format!("{}-{request}.payload", self.session_id));
-        let target = path.clone();
         let loaded = tokio::task::spawn_blocking(move || {
             let loaded = setup.store.load(&setup.key, id)?;
             for skipped in &loaded.skipped {
                 tracing::warn!(checkpoint = %skipped.id, reason = %skipped.reason, "skipped a corrupt checkpoint");
             }
-            write_private(&target, &loaded.payload).map_err(|source| CheckpointError::Io {
-                action: "write the restore payload",
-                path: target.clone(),
-                source,
-            })?;
-            Ok::<_, CheckpointError>((loaded.info.id, loaded.info.meta.execution_count))
+            Ok::<_, CheckpointError>(loaded)
         });
         ctx.spawn(loaded.into_actor(self).map(move |loaded, act, ctx| {
             let outcome = match loaded {
@@ -364,24 +412,19 @@ impl SessionActor {
                 }),
             };
             let mut reply = reply;
-            let sent = outcome.and_then(|(id, execution_count)| {
-                act.send_restore(request, path, id, &mut reply)
-                    .map(|()| (id, execution_count))
-            });
+            let sent = outcome.and_then(|loaded| act.send_restore(loaded, recovery, &mut reply));
             match sent {
-                Ok((id, execution_count)) => {
-                    if before_anything {
+                Ok(execution_count) => {
+                    if recovery {
                         // The namespace continues from the checkpoint's numbering.
                         act.execution_count = act.execution_count.max(execution_count);
                     }
-                    act.durability.last = Some(LastCheckpoint {
-                        id,
-                        execution_count,
-                        at: Instant::now(),
-                    });
                 }
                 Err(err) => {
                     tracing::warn!(session = %act.session_id, error = %err, "restore not started");
+                    if recovery {
+                        act.recovery_failed(&err.to_string());
+                    }
                     if let Some(reply) = reply {
                         let _ = reply.send(Err(err));
                     }
@@ -395,72 +438,91 @@ impl SessionActor {
         }));
     }
 
-    /// Sends the restore frame; on success the request, with `reply`, awaits its answer.
+    /// Sends the restore frame of a loaded checkpoint; on success the request, with `reply`,
+    /// awaits its answer. Returns the checkpoint's execution count.
     fn send_restore(
         &mut self,
-        request: String,
-        path: PathBuf,
-        id: CheckpointId,
+        loaded: crate::checkpoint::LoadedCheckpoint,
+        recovery: bool,
         reply: &mut Option<RestoreReply>,
-    ) -> Result<(), SessionError> {
+    ) -> Result<u64, SessionError> {
+        let worker_state = |reason: String| SessionError::WorkerState {
+            session_id: self.session_id.clone(),
+            reason,
+        };
         let Some(worker) = &self.worker else {
-            let _ = std::fs::remove_file(&path);
             return Err(self.no_worker());
         };
+        let index = serde_json::from_slice(&loaded.payload)
+            .map_err(|err| worker_state(format!("the checkpoint's index does not parse: {err}")))?;
+        let request = format!("r-{}", self.durability.next_request + 1);
         let frame = HostMessage::Restore {
             id: request.clone(),
-            path: path.to_string_lossy().into_owned(),
+            index,
+            groups: loaded
+                .groups
+                .iter()
+                .map(|group| RestoreGroup {
+                    token: group.token.clone(),
+                    names: group.names.clone(),
+                    path: group.path.to_string_lossy().into_owned(),
+                })
+                .collect(),
             clear: true,
         };
-        if let Err(err) = worker.writer.send(&frame) {
-            let _ = std::fs::remove_file(&path);
-            return Err(SessionError::WorkerState {
-                session_id: self.session_id.clone(),
-                reason: err.to_string(),
-            });
-        }
+        worker
+            .writer
+            .send(&frame)
+            .map_err(|err| worker_state(err.to_string()))?;
+        self.durability.next_request += 1;
+        let execution_count = loaded.info.meta.execution_count;
         self.durability.pending.insert(
             request,
             Pending::Restore {
                 reply: reply.take(),
-                path,
-                id,
+                checkpoint: LastCheckpoint {
+                    id: loaded.info.id,
+                    execution_count,
+                    at: Instant::now(),
+                },
+                recovery,
             },
         );
-        Ok(())
+        Ok(execution_count)
     }
 
     /// The worker restored (or failed to restore) the namespace of request `id`.
-    pub(super) fn restore_done(
-        &mut self,
-        id: &str,
-        restored: Vec<String>,
-        lost: Vec<LostName>,
-        error: Option<String>,
-    ) {
+    pub(super) fn restore_done(&mut self, id: &str, report: RestoreReport) {
         let Some(Pending::Restore {
             reply,
-            path,
-            id: checkpoint,
+            checkpoint,
+            recovery,
         }) = self.durability.pending.remove(id)
         else {
             return;
         };
-        let _ = std::fs::remove_file(&path);
-        let outcome = match error {
-            Some(reason) => Err(SessionError::WorkerState {
-                session_id: self.session_id.clone(),
-                reason,
-            }),
+        let outcome = match report.error {
+            Some(reason) => {
+                if recovery {
+                    self.recovery_failed(&reason);
+                }
+                Err(SessionError::WorkerState {
+                    session_id: self.session_id.clone(),
+                    reason,
+                })
+            }
             None => {
                 self.setup.counters.restored();
-                if !lost.is_empty() {
-                    tracing::info!(session = %self.session_id, ?lost, "names not restored");
+                self.durability.ledger.restored(checkpoint);
+                self.durability.incremental = true;
+                if !report.lost.is_empty() {
+                    tracing::info!(session = %self.session_id, lost = ?report.lost, "names not restored");
                 }
                 Ok(RestoreSummary {
-                    checkpoint_id: checkpoint.to_string(),
-                    restored,
-                    lost,
+                    checkpoint_id: checkpoint.id.to_string(),
+                    restored: report.restored,
+                    kept: report.kept,
+                    lost: report.lost,
                 })
             }
         };
@@ -469,6 +531,15 @@ impl SessionActor {
         }
     }
 
+    /// The checkpoint a crashed session was to come back from could not be restored: the
+    /// namespace is fresh, and the next result says so instead.
+    fn recovery_failed(&mut self, reason: &str) {
+        let started = self.last_started_count();
+        let recovered = self.durability.ledger.fresh(started);
+        tracing::warn!(session = %self.session_id, %reason, "recovery failed; the namespace is fresh");
+        self.durability.crash_cause = Some(format!("its checkpoint could not be restored ({reason})"));
+        self.durability.recovered = Some(recovered);
+    }
     /// Asks the worker to describe its namespace; `None` comes back when it cannot.
     pub(super) fn start_inspect(&mut self) -> Option<oneshot::Receiver<Inspection>> {
         let id = self.next_request_id("i");
@@ -513,7 +584,7 @@ impl SessionActor {
         if !due || writing || self.durability.auto_timer.is_some() {
             return;
         }
-        let since = self.durability.last.map(|last| last.at.elapsed());
+        let since = self.durability.ledger.last.map(|last| last.at.elapsed());
         match since {
             Some(since) if since < policy.min_interval => {
                 let wait = policy.min_interval - since;
@@ -530,8 +601,9 @@ impl SessionActor {
         }
     }
 
-    /// The worker is gone: every request it had is answered with an error, and the next
-    /// worker is to come back from the latest checkpoint, if there is one.
+    /// The worker is gone: every request it had is answered with an error. When it
+    /// `crashed`, returns what the session comes back with, and has the next worker restore
+    /// the latest checkpoint if there is one.
     pub(super) fn forget_worker_requests(&mut self, crashed: bool) -> Option<Recovered> {
         for (_, pending) in self.durability.pending.drain() {
             let lost = || SessionError::WorkerState {
@@ -539,14 +611,13 @@ impl SessionActor {
                 reason: "the worker ended before it answered".into(),
             };
             match pending {
-                Pending::Checkpoint { reply, path, .. } => {
-                    let _ = std::fs::remove_file(path);
+                Pending::Checkpoint { reply, dir, .. } => {
+                    remove_dir_later(dir);
                     if let Some(reply) = reply {
                         let _ = reply.send(Err(lost()));
                     }
                 }
-                Pending::Restore { reply, path, .. } => {
-                    let _ = std::fs::remove_file(path);
+                Pending::Restore { reply, .. } => {
                     if let Some(reply) = reply {
                         let _ = reply.send(Err(lost()));
                     }
@@ -554,49 +625,92 @@ impl SessionActor {
                 Pending::Inspect { .. } => {}
             }
         }
-        if !crashed || self.setup.state.is_none() {
+        // The next worker has no record of any group.
+        self.durability.incremental = false;
+        if !crashed {
             return None;
         }
-        let last = self.durability.last?;
-        self.durability.restore_next_worker = true;
-        Some(Recovered {
-            checkpoint_id: last.id.to_string(),
-            lost_executions: self
-                .last_started_count()
-                .saturating_sub(last.execution_count),
-        })
+        let recovered = self.durability.ledger.crashed(self.last_started_count());
+        self.durability.restore_next_worker = !recovered.fresh_namespace;
+        Some(recovered)
     }
 }
 
-/// Reads the payload the worker wrote, refusing one over the store's size limit before it
-/// is read into memory.
-fn read_payload(
-    path: &std::path::Path,
+/// Takes the blob files of a reported checkpoint into the store, with `index` as payload.
+fn store_checkpoint(
     store: &CheckpointStore,
-) -> Result<Vec<u8>, CheckpointError> {
-    let io = |action, source| CheckpointError::Io {
-        action,
-        path: path.to_owned(),
-        source,
+    key: &str,
+    dir: &Path,
+    meta: &CheckpointMeta,
+    index: &serde_json::Value,
+    groups: Vec<CheckpointGroup>,
+    max_bytes: u64,
+) -> Result<crate::checkpoint::CheckpointInfo, CheckpointError> {
+    let io = |reason: &str| CheckpointError::Io {
+        action: "take in the checkpoint of",
+        path: dir.to_owned(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason.to_owned()),
     };
-    let bytes = std::fs::metadata(path)
-        .map_err(|source| io("read the checkpoint payload", source))?
-        .len();
-    let limit = store.max_bytes() as u64;
-    if bytes > limit {
-        return Err(CheckpointError::TooLarge { bytes, limit });
+    let mut new_groups = Vec::with_capacity(groups.len());
+    for group in groups {
+        let source = match group.file {
+            // The name comes from the worker: it must stay inside the directory.
+            Some(file) if is_plain_file_name(&file) => GroupSource::File(dir.join(file)),
+            Some(file) => return Err(io(&format!("the worker named a blob file {file:?}"))),
+            None => GroupSource::Unchanged,
+        };
+        new_groups.push(NewGroup {
+            token: group.token,
+            names: group.names,
+            source,
+        });
     }
-    std::fs::read(path).map_err(|source| io("read the checkpoint payload", source))
+    let payload = serde_json::to_vec(index).map_err(|err| io(&err.to_string()))?;
+    store.save_checkpoint(
+        key,
+        NewCheckpoint {
+            meta,
+            payload: &payload,
+            groups: &new_groups,
+            max_state_bytes: max_bytes,
+        },
+    )
 }
 
-/// Writes `bytes` to a new file that only this user can read.
-fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(bytes)
+/// Whether `name` is one plain component: no separator, not `.` or `..`, not empty.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+/// What a result says of a checkpoint that could not be stored.
+fn checkpoint_failure(err: &SessionError) -> String {
+    match err {
+        SessionError::Checkpoint { source, .. } => match source.as_ref() {
+            CheckpointError::TooLarge { bytes, limit } => format!(
+                "checkpoint of {} over the limit of {} (state.max_bytes, by default the \
+                 session's memory limit)",
+                megabytes(*bytes),
+                megabytes(*limit)
+            ),
+            CheckpointError::DiskFull { scope, bytes, limit } => format!(
+                "checkpoints would take {scope} disk use to {}, over its cap of {}",
+                megabytes(*bytes),
+                megabytes(*limit)
+            ),
+            other => other.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// `bytes` in megabytes, for a message.
+pub(crate) fn megabytes(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+/// Removes a checkpoint's scratch directory on the blocking pool.
+fn remove_dir_later(dir: PathBuf) {
+    drop(tokio::task::spawn_blocking(move || {
+        let _ = std::fs::remove_dir_all(dir);
+    }));
 }

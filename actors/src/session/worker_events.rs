@@ -6,7 +6,7 @@ use std::process::ExitStatus;
 use actix::prelude::*;
 use pyvisor_protocol::{HostMessage, WorkerMessage, WorkerStatus};
 
-use super::state::Inspection;
+use super::state::{CheckpointReport, Inspection, RestoreReport};
 use super::{host_error, SessionActor, State, Tagged};
 use crate::execution::{DisplayData, ExecutionEvent, ExecutionStatus, OutputStream};
 use crate::running::InterruptCause;
@@ -21,14 +21,34 @@ impl SessionActor {
                 saved,
                 lost,
                 error,
+                index,
+                groups,
                 ..
-            } => return self.checkpoint_done(&id, saved, lost, error, ctx),
+            } => {
+                let report = CheckpointReport {
+                    saved,
+                    lost,
+                    error,
+                    index,
+                    groups,
+                };
+                return self.checkpoint_done(&id, report, ctx);
+            }
             WorkerMessage::RestoreDone {
                 id,
                 restored,
                 lost,
                 error,
-            } => return self.restore_done(&id, restored, lost, error),
+                kept,
+            } => {
+                let report = RestoreReport {
+                    restored,
+                    kept,
+                    lost,
+                    error,
+                };
+                return self.restore_done(&id, report);
+            }
             WorkerMessage::InspectDone {
                 id,
                 variables,
@@ -66,6 +86,9 @@ impl SessionActor {
                     }
                     (WorkerStatus::Error, _, _) => ExecutionStatus::Error,
                 };
+                if changed {
+                    self.durability.ledger.changed();
+                }
                 self.finish(status, result, error, ctx);
                 self.count_change(changed, ctx);
             }
@@ -120,10 +143,10 @@ impl SessionActor {
         }
         self.setup.counters.worker_crashed();
         let recovered = self.forget_worker_requests(true);
-        let comeback = match &recovered {
-            Some(r) => format!(
-                "the session restarts from checkpoint {} ({} execution(s) lost)",
-                r.checkpoint_id, r.lost_executions
+        let comeback = match recovered.as_ref().and_then(|r| r.checkpoint_id.as_ref().zip(Some(r))) {
+            Some((checkpoint, r)) => format!(
+                "the session restarts from checkpoint {checkpoint} ({} execution(s) lost)",
+                r.lost_executions
             ),
             None => "the session restarted with a fresh namespace".to_owned(),
         };
@@ -145,6 +168,7 @@ impl SessionActor {
             // With no worker, `finish` leaves the queue alone until the restart completes.
             self.finish(status, None, Some(error), ctx);
         } else {
+            self.durability.crash_cause = Some(cause);
             self.durability.recovered = recovered;
         }
         self.restarts += 1;

@@ -35,8 +35,11 @@ pub struct SupervisorConfig {
 pub struct StateOptions {
     pub store: CheckpointStore,
     pub policy: AutoCheckpoint,
-    /// Directory for payload files on their way between workers and the store.
+    /// Directory where workers write the blob files of checkpoints for the store.
     pub scratch: PathBuf,
+    /// The largest state a session's checkpoint may hold; the session's memory limit when
+    /// `None`.
+    pub max_bytes: Option<u64>,
 }
 
 /// What a caller may choose about a new session.

@@ -15,7 +15,9 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use pyvisor_actors::checkpoint::{DEFAULT_MAX_BYTES, DEFAULT_RETENTION};
+use pyvisor_actors::checkpoint::{
+    DEFAULT_RETENTION, DEFAULT_SESSION_DISK_BYTES, DEFAULT_TOTAL_DISK_BYTES,
+};
 use pyvisor_actors::pool::PoolConfig;
 use pyvisor_actors::session::AutoCheckpoint;
 use pyvisor_actors::SessionLimits;
@@ -208,8 +210,13 @@ pub struct StateSettings {
     pub dir: PathBuf,
     /// Checkpoints kept per session.
     pub retention: usize,
-    /// Largest checkpoint payload, in bytes.
-    pub max_bytes: usize,
+    /// Largest state one checkpoint of a session may hold, in bytes; 0 for the session's
+    /// memory limit.
+    pub max_bytes: u64,
+    /// What one session's checkpoints may take on disk, in MiB.
+    pub session_disk_mb: u64,
+    /// What the checkpoints of all sessions may take on disk, in MiB.
+    pub total_disk_mb: u64,
     /// Checkpoint after this many executions that may have changed the namespace; 0 for no
     /// automatic checkpoints.
     pub auto_after_changes: u32,
@@ -224,7 +231,9 @@ impl Default for StateSettings {
             enabled: true,
             dir: PathBuf::new(),
             retention: DEFAULT_RETENTION.get(),
-            max_bytes: DEFAULT_MAX_BYTES,
+            max_bytes: 0,
+            session_disk_mb: DEFAULT_SESSION_DISK_BYTES >> 20,
+            total_disk_mb: DEFAULT_TOTAL_DISK_BYTES >> 20,
             auto_after_changes: auto.after_changes,
             auto_min_interval_s: auto.min_interval.as_secs_f64(),
         }
@@ -413,7 +422,8 @@ impl Settings {
         seconds("limits.input_timeout_s", limits.input_timeout_s, false)?;
         seconds("limits.interrupt_grace_s", limits.interrupt_grace_s, true)?;
         at_least("state.retention", state.retention, 1)?;
-        at_least("state.max_bytes", state.max_bytes, 1)?;
+        at_least("state.session_disk_mb", state.session_disk_mb as usize, 1)?;
+        at_least("state.total_disk_mb", state.total_disk_mb as usize, 1)?;
         seconds("state.auto_min_interval_s", state.auto_min_interval_s, true)?;
         Ok(())
     }

@@ -125,7 +125,9 @@ impl Settings {
                 enabled: state.enabled,
                 dir: dir(&state.dir),
                 retention: state.retention,
-                max_bytes: state.max_bytes,
+                max_bytes: Some(state.max_bytes).filter(|bytes| *bytes > 0),
+                session_disk_bytes: state.session_disk_mb.saturating_mul(1024 * 1024),
+                total_disk_bytes: state.total_disk_mb.saturating_mul(1024 * 1024),
                 auto: AutoCheckpoint {
                     after_changes: state.auto_after_changes,
                     min_interval: duration(state.auto_min_interval_s),

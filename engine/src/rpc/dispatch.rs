@@ -266,6 +266,7 @@ impl Dispatcher {
         Ok(wire::CheckpointTaken {
             checkpoint_id: summary.checkpoint_id,
             bytes: summary.bytes,
+            state_bytes: summary.state_bytes,
             saved: summary.saved,
             lost: summary.lost,
             duration_ms: summary.duration_ms,
@@ -278,6 +279,7 @@ impl Dispatcher {
         Ok(wire::Restored {
             checkpoint_id: summary.checkpoint_id,
             restored: summary.restored,
+            kept: summary.kept,
             lost: summary.lost,
         })
     }
@@ -294,6 +296,7 @@ impl Dispatcher {
                 checkpoint_id: info.id.to_string(),
                 created_at: wire::unix_seconds(info.created_at),
                 bytes: info.file_bytes,
+                state_bytes: info.state_bytes,
                 execution_count: info.meta.execution_count,
                 saved: info.meta.names_saved,
                 lost: info
@@ -427,6 +430,13 @@ async fn session_info(session: &Session) -> Result<wire::SessionInfo, EngineErro
         rss_bytes,
         created_at: wire::unix_seconds(session.created_at()),
         last_checkpoint: snapshot.last_checkpoint,
+        durability: wire::Durability {
+            saved: snapshot.durability.saved,
+            last_checkpoint: snapshot.durability.last_checkpoint,
+            unsaved_executions: snapshot.durability.unsaved_executions,
+            lost_names: snapshot.durability.lost_names,
+            failure: snapshot.durability.failure,
+        },
     })
 }
 

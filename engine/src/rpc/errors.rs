@@ -102,7 +102,9 @@ fn session_code(err: &SessionError) -> i64 {
         SessionError::ShuttingDown { .. } => code::SHUTTING_DOWN,
         SessionError::CheckpointsOff { .. } => code::CHECKPOINT_NOT_FOUND,
         SessionError::Checkpoint { source, .. } => match source.as_ref() {
-            CheckpointError::TooLarge { .. } | CheckpointError::MetadataTooLarge { .. } => {
+            CheckpointError::TooLarge { .. }
+            | CheckpointError::MetadataTooLarge { .. }
+            | CheckpointError::DiskFull { .. } => {
                 code::LIMIT_EXCEEDED
             }
             CheckpointError::NotFound { .. }

@@ -125,7 +125,11 @@ pub struct Interrupted {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointTaken {
     pub checkpoint_id: String,
+    /// Bytes the checkpoint added to the disk (its file and the blobs of changed groups).
     pub bytes: u64,
+    /// Bytes of all the state the checkpoint holds, shared with earlier checkpoints or not.
+    #[serde(default)]
+    pub state_bytes: u64,
     pub saved: Vec<String>,
     pub lost: Vec<LostName>,
     pub duration_ms: f64,
@@ -146,6 +150,9 @@ pub struct RestoreParams {
 pub struct Restored {
     pub checkpoint_id: String,
     pub restored: Vec<String>,
+    /// Names the worker held unchanged since that checkpoint, left as they were.
+    #[serde(default)]
+    pub kept: Vec<String>,
     pub lost: Vec<LostName>,
 }
 
@@ -157,6 +164,9 @@ pub struct CheckpointEntry {
     pub created_at: f64,
     /// Size of the checkpoint file.
     pub bytes: u64,
+    /// Bytes of the state it holds, in blobs it may share with other checkpoints.
+    #[serde(default)]
+    pub state_bytes: u64,
     /// Execution count of the session when it was taken.
     pub execution_count: u64,
     pub saved: Vec<String>,
@@ -178,6 +188,23 @@ pub struct SessionInfo {
     /// Seconds since the Unix epoch.
     pub created_at: f64,
     pub last_checkpoint: Option<String>,
+    pub durability: Durability,
+}
+
+/// `durability` of `session.info`: whether a crash now would lose anything.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Durability {
+    /// True when the latest checkpoint holds every change and every name.
+    pub saved: bool,
+    /// The checkpoint a crash would come back from.
+    pub last_checkpoint: Option<String>,
+    /// Executions that may have changed the namespace since that checkpoint.
+    pub unsaved_executions: u64,
+    /// Names the latest checkpoint could not save.
+    pub lost_names: Vec<LostName>,
+    /// Why the latest checkpoint failed, until one succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// One name of a session's namespace.

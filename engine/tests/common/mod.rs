@@ -237,7 +237,9 @@ impl Conn {
         bytes.push(b'\n');
         self.writer.write_all(&bytes).await?;
         let mut reply = String::new();
-        let read = tokio::time::timeout(Duration::from_secs(5), self.reader.read_line(&mut reply))
+        // Generous: a loaded CI machine may take seconds; a daemon that stopped serving never
+        // answers.
+        let read = tokio::time::timeout(Duration::from_secs(20), self.reader.read_line(&mut reply))
             .await
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
         if read == 0 {
