@@ -37,12 +37,12 @@ mod messages;
 mod state;
 mod worker_events;
 
+pub use durability::DurabilityReport;
 pub use messages::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Drain, EventSender, Execute,
     ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary,
     SendInput, SessionEnded, SessionPhase, SessionSnapshot,
 };
-pub use durability::DurabilityReport;
 use state::Durability;
 pub use state::{AutoCheckpoint, Inspection, StateSetup};
 
@@ -454,7 +454,7 @@ impl Queued {
     }
 
     /// Ends an execution that was not run because the worker died before it and the
-    /// session's state is gone (`recovered` says how much).
+    /// session's state is gone (`recovered` says how much), with a `StateLost` error.
     fn refuse_after_crash(&self, cause: &str, recovered: crate::execution::Recovered) {
         let message = format!(
             "the worker died between executions ({cause}); no checkpoint could be used, so the \
@@ -462,7 +462,7 @@ impl Queued {
              was not run, send it again to run it in the fresh namespace",
             recovered.lost_executions
         );
-        self.end_unrun(host_error("WorkerCrashed", message), Some(recovered));
+        self.end_unrun(host_error("StateLost", message), Some(recovered));
     }
 
     fn end_unrun(&self, error: ErrorInfo, recovered: Option<crate::execution::Recovered>) {

@@ -386,9 +386,18 @@ async fn checkpoint_restores_into_a_fresh_worker() {
 async fn restore_reports_what_it_cannot_read_or_bring_back() {
     let dir = tempfile::tempdir().unwrap();
     let mut worker = start().await;
-    let garbage = restore_groups(&mut worker, serde_json::json!({"format": 1}), Vec::new(), true).await;
+    let garbage = restore_groups(
+        &mut worker,
+        serde_json::json!({"format": 1}),
+        Vec::new(),
+        true,
+    )
+    .await;
     assert!(garbage.restored.is_empty());
-    assert!(garbage.error.is_some(), "an index of another format is refused");
+    assert!(
+        garbage.error.is_some(),
+        "an index of another format is refused"
+    );
     let groups = vec![RestoreGroup {
         token: "t".into(),
         names: vec!["a".into(), "b".into()],
@@ -396,7 +405,10 @@ async fn restore_reports_what_it_cannot_read_or_bring_back() {
     }];
     let index = serde_json::json!({"format": 2, "pickler": "pickle", "imports": [], "sources": []});
     let missing = restore_groups(&mut worker, index.clone(), groups, true).await;
-    assert_eq!(missing.error, None, "a missing blob loses its names, not the restore");
+    assert_eq!(
+        missing.error, None,
+        "a missing blob loses its names, not the restore"
+    );
     assert_eq!(names(&missing.lost), ["a", "b"]);
     std::fs::write(dir.path().join("garbage"), b"not a blob").unwrap();
     let groups = vec![RestoreGroup {
@@ -424,7 +436,7 @@ async fn restore_reports_what_it_cannot_read_or_bring_back() {
     )
     .await;
     let done = checkpoint(&mut worker, &path).await;
-    assert_eq!((done.lost.len(), done.error), (0, None), "{:?}", done.lost);
+    assert_eq!((done.lost.len(), &done.error), (0, &None), "{:?}", done.lost);
     let mut fresh = start().await;
     let (restored, lost, error) = restore(&mut fresh, &done, &path, false).await;
     assert_eq!(error, None);
@@ -662,9 +674,16 @@ async fn an_incremental_checkpoint_leaves_unchanged_groups_out_and_a_restore_kee
     let second = checkpoint_done(&mut worker, "c2").await;
     assert_eq!(second.error, None);
     let big = group_of(&second, "big");
-    assert_eq!((big.file, &big.token), (None, &group_of(&first, "big").token));
+    assert_eq!(
+        (big.file, &big.token),
+        (None, &group_of(&first, "big").token)
+    );
     assert!(group_of(&second, "small").file.is_some());
-    assert!(second.bytes < 10_000, "only small is written: {}", second.bytes);
+    assert!(
+        second.bytes < 10_000,
+        "only small is written: {}",
+        second.bytes
+    );
 
     // A change through the alias makes the group new again.
     ok(&mut worker, "alias[0] = 9").await;
@@ -685,10 +704,24 @@ async fn an_incremental_checkpoint_leaves_unchanged_groups_out_and_a_restore_kee
     assert_eq!(back.error, None);
     assert!(has(&back.restored, "big") && has(&back.restored, "small"));
     assert_eq!(
-        repr(&mut worker, "small, big[0], big is alias, holder['data'] is big").await,
+        repr(
+            &mut worker,
+            "small, big[0], big is alias, holder['data'] is big"
+        )
+        .await,
         "(1, 0, True, True)"
     );
     // Restoring it again keeps what is unchanged since that restore.
-    let again = restore_groups(&mut worker, first.index.clone(), first.restore_groups(&first_dir), true).await;
-    assert!(has(&again.kept, "big") && has(&again.kept, "alias"), "{:?}", again.kept);
+    let again = restore_groups(
+        &mut worker,
+        first.index.clone(),
+        first.restore_groups(&first_dir),
+        true,
+    )
+    .await;
+    assert!(
+        has(&again.kept, "big") && has(&again.kept, "alias"),
+        "{:?}",
+        again.kept
+    );
 }

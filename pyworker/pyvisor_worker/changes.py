@@ -36,7 +36,7 @@ import operator
 import re
 import types
 
-from pyvisor_worker import cells, state
+from pyvisor_worker import cells, state, versions
 
 # The nodes of code that could change an object in place or a binding.
 _MUTATING_NODES = frozenset((
@@ -111,6 +111,8 @@ class Watch:
         if self.rollback and error is not None:
             if self.started:  # else the code did not run, and changed nothing
                 self._roll_back()
+                # The reachable names hold copies now: new objects for the next checkpoint.
+                versions.touch(_reachable_names(self.cell.tree))
             return self.uncopied and self.may_mutate, True
         if not self.started:  # it did not parse: nothing ran
             return False, False
@@ -121,11 +123,20 @@ class Watch:
                 definitions.pop(name, None)
                 definitions[name] = (kind, source, value)
         changed = self.may_mutate or _rebound(*self.bindings)
+        if changed:
+            versions.touch(self._touched())
         if changed and definitions:
             for name, (_, _, value) in list(definitions.items()):
                 if namespace.get(name, state.MISSING) is not value:
                     del definitions[name]
         return changed, False
+
+    def _touched(self):
+        """The names whose values the code could have changed; None when it cannot be told."""
+        try:
+            return _reachable_names(self.cell.tree)
+        except Exception:  # the source does not parse: it ran through another path
+            return None
 
     def _copy_reachable(self):
         """Copy the value of every name the cell can reach, as it is before the cell runs."""

@@ -11,7 +11,7 @@ import signal
 import sys
 
 from pyvisor_worker import (
-    checkpoints, display, execution, inspection, prompts, protocol, state, zygote,
+    checkpoints, display, execution, inspection, prompts, protocol, restores, state, zygote,
 )
 
 _USAGE = "usage: python3 -I -u WORKER_DIRECTORY [--zygote] [--preload MODULE[,MODULE...]]"
@@ -83,7 +83,7 @@ def _serve():
                 # None: a forked child writes it, and a thread replies
                 reply = checkpoints.checkpoint(request)
             else:
-                reply = checkpoints.restore(request)
+                reply = restores.restore(request)
         except BaseException as exc:
             reply = _fault_reply(request, exc)
         if reply is not None:
@@ -98,4 +98,5 @@ def _fault_reply(request, exc):
     reason = execution.worker_error(exc)["message"]
     if kind == "checkpoint":
         return checkpoints.checkpoint_done(request_id, checkpoints.no_checkpoint(reason))
-    return {"type": "restore_done", "id": request_id, "restored": [], "lost": [], "error": reason}
+    return {"type": "restore_done", "id": request_id, "restored": [], "kept": [], "lost": [],
+            "error": reason}

@@ -19,6 +19,13 @@ namespace = session.__dict__
 definitions = {}
 
 MISSING = object()  # the value of a name that is not bound
+
+# For incremental checkpoints (see versions): the names that cells could have changed since the
+# last checkpoint, or all of them; and the record of each group the worker last wrote or
+# restored: {"token", "names", "bytes", "ids", "fingerprints"}.
+touched = set()
+touched_all = False
+checkpoint_records = []
 MAIN_THREAD = threading.get_ident()
 
 # Which execution runs and which wait for the main thread, for the reader thread to route an

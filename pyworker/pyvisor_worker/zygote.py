@@ -49,7 +49,7 @@ import os
 import signal
 import traceback
 
-from pyvisor_worker import checkpoints, protocol
+from pyvisor_worker import pickling, protocol
 
 ZYGOTE_FD = 3  # the zygote's control socket
 CHILD_FDS = 5  # a forked child's stdin, stdout, stderr, request pipe and reply pipe
@@ -88,7 +88,7 @@ def zygote_main(modules, worker_main):
         server.send({"type": "failed", "reason": failure})
         os._exit(1)
     compile("x = 1\nx", "<pyvisor-zygote>", "exec", dont_inherit=True)
-    checkpoints.pickler_base()  # so that no forked worker's first checkpoint imports cloudpickle
+    pickling.pickler_base()  # so that no forked worker's first checkpoint imports cloudpickle
     try:
         server.serve()
     except BaseException:

@@ -29,12 +29,13 @@ struct Tally {
 }
 
 impl Tally {
-    /// Counts `result` if it ran on a worker (the engine does not count refusals).
+    /// Counts `result` if it ran on a worker (the engine does not count refusals: code that
+    /// never reached one, or that came after a crash that lost the session's state).
     fn ran(&self, result: &ExecutionResult) {
         let refused = result
             .error
             .as_ref()
-            .is_some_and(|e| e.type_name == "NotExecuted");
+            .is_some_and(|e| e.type_name == "NotExecuted" || e.type_name == "StateLost");
         if !refused {
             self.finished.fetch_add(1, Ordering::Relaxed);
         }

@@ -96,11 +96,7 @@ impl Handler<GetInfo> for SessionActor {
             queued: self.queue.len(),
             restarts: self.restarts,
             containment: self.worker.as_ref().map(|w| w.containment),
-            last_checkpoint: self
-                .durability
-                .ledger
-                .last
-                .map(|last| last.id.to_string()),
+            last_checkpoint: self.durability.ledger.last.map(|last| last.id.to_string()),
             durability: self.durability.ledger.report(),
             namespace: None,
         };

@@ -327,7 +327,15 @@ impl SessionActor {
         };
         let (saved, lost) = (report.saved, report.lost);
         let stored = tokio::task::spawn_blocking(move || {
-            let stored = store_checkpoint(&store, &key, &dir, &meta, &report.index, report.groups, max_bytes);
+            let stored = store_checkpoint(
+                &store,
+                &key,
+                &dir,
+                &meta,
+                &report.index,
+                report.groups,
+                max_bytes,
+            );
             let _ = std::fs::remove_dir_all(&dir);
             stored
         });
@@ -537,7 +545,8 @@ impl SessionActor {
         let started = self.last_started_count();
         let recovered = self.durability.ledger.fresh(started);
         tracing::warn!(session = %self.session_id, %reason, "recovery failed; the namespace is fresh");
-        self.durability.crash_cause = Some(format!("its checkpoint could not be restored ({reason})"));
+        self.durability.crash_cause =
+            Some(format!("its checkpoint could not be restored ({reason})"));
         self.durability.recovered = Some(recovered);
     }
     /// Asks the worker to describe its namespace; `None` comes back when it cannot.
@@ -692,7 +701,11 @@ fn checkpoint_failure(err: &SessionError) -> String {
                 megabytes(*bytes),
                 megabytes(*limit)
             ),
-            CheckpointError::DiskFull { scope, bytes, limit } => format!(
+            CheckpointError::DiskFull {
+                scope,
+                bytes,
+                limit,
+            } => format!(
                 "checkpoints would take {scope} disk use to {}, over its cap of {}",
                 megabytes(*bytes),
                 megabytes(*limit)

@@ -143,7 +143,10 @@ impl SessionActor {
         }
         self.setup.counters.worker_crashed();
         let recovered = self.forget_worker_requests(true);
-        let comeback = match recovered.as_ref().and_then(|r| r.checkpoint_id.as_ref().zip(Some(r))) {
+        let comeback = match recovered
+            .as_ref()
+            .and_then(|r| r.checkpoint_id.as_ref().zip(Some(r)))
+        {
             Some((checkpoint, r)) => format!(
                 "the session restarts from checkpoint {checkpoint} ({} execution(s) lost)",
                 r.lost_executions

@@ -24,6 +24,7 @@ macro_rules! worker_file {
 pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("__main__.py"),
     worker_file!("pyvisor_worker/__init__.py"),
+    worker_file!("pyvisor_worker/blobfiles.py"),
     worker_file!("pyvisor_worker/cells.py"),
     worker_file!("pyvisor_worker/changes.py"),
     worker_file!("pyvisor_worker/checkpoints.py"),
@@ -31,9 +32,12 @@ pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("pyvisor_worker/execution.py"),
     worker_file!("pyvisor_worker/inspection.py"),
     worker_file!("pyvisor_worker/main.py"),
+    worker_file!("pyvisor_worker/pickling.py"),
     worker_file!("pyvisor_worker/prompts.py"),
     worker_file!("pyvisor_worker/protocol.py"),
+    worker_file!("pyvisor_worker/restores.py"),
     worker_file!("pyvisor_worker/state.py"),
+    worker_file!("pyvisor_worker/versions.py"),
     worker_file!("pyvisor_worker/zygote.py"),
 ];
 

@@ -104,9 +104,7 @@ fn session_code(err: &SessionError) -> i64 {
         SessionError::Checkpoint { source, .. } => match source.as_ref() {
             CheckpointError::TooLarge { .. }
             | CheckpointError::MetadataTooLarge { .. }
-            | CheckpointError::DiskFull { .. } => {
-                code::LIMIT_EXCEEDED
-            }
+            | CheckpointError::DiskFull { .. } => code::LIMIT_EXCEEDED,
             CheckpointError::NotFound { .. }
             | CheckpointError::UnknownCheckpoint { .. }
             | CheckpointError::Corrupt { .. }
