@@ -436,7 +436,12 @@ async fn restore_reports_what_it_cannot_read_or_bring_back() {
     )
     .await;
     let done = checkpoint(&mut worker, &path).await;
-    assert_eq!((done.lost.len(), &done.error), (0, &None), "{:?}", done.lost);
+    assert_eq!(
+        (done.lost.len(), &done.error),
+        (0, &None),
+        "{:?}",
+        done.lost
+    );
     let mut fresh = start().await;
     let (restored, lost, error) = restore(&mut fresh, &done, &path, false).await;
     assert_eq!(error, None);

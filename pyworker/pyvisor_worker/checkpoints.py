@@ -27,9 +27,11 @@ With "background": true the worker forks, and the child writes the files from it
 copy-on-write copy of the namespace while the worker goes on serving: checkpoint_done comes when
 the child is done, maybe after the results of later executions. The child writes nothing to fds
 1, 2 and 4: it sends its report, with the record of its groups (see versions), to the worker
-through a pipe. When fork() fails, or when the last checkpoint held at most 4 MiB (writing it
-at once takes a few milliseconds, less than a child's copy-on-write faults cost), the
-checkpoint is written at once, as without "background".
+through a pipe. The worker first plans the checkpoint (groups and which are unchanged, which
+takes about a millisecond for a 200 MB frame); when fork() fails, or when every group to
+write had at most 4 MiB together last time (writing them at once takes a few milliseconds, less
+than a fork of a large process and its copy-on-write faults), the checkpoint is written at
+once, as without "background".
 """
 
 import os
@@ -39,11 +41,9 @@ import types
 from pyvisor_worker import blobfiles, execution, pickling, protocol, state, versions
 
 INDEX_FORMAT = 2
-# Checkpoints whose state was at most this size last time are written by the worker itself,
-# larger ones by a forked child.
-_INLINE_STATE_BYTES = 4 * 1024 * 1024
-# The state the last checkpoint of this worker held, None before the first.
-_last_state_bytes = None
+# A checkpoint that writes at most this much (as far as the groups' last sizes tell) is written
+# by the worker itself, a larger one by a forked child.
+_INLINE_BYTES = 4 * 1024 * 1024
 
 
 def checkpoint(request):
@@ -55,11 +55,11 @@ def checkpoint(request):
     pickling.pickler_base()  # imported here, not in every forked child
     touched = versions.take_touched()
     base = state.checkpoint_records if request.get("incremental") else []
-    small = _last_state_bytes is not None and _last_state_bytes <= _INLINE_STATE_BYTES
-    if request.get("background") and not small:
-        if _checkpoint_in_child(checkpoint_id, directory, base, touched, max_bytes):
+    plan = _Plan(base, touched)
+    if request.get("background") and not plan.small():
+        if _checkpoint_in_child(checkpoint_id, directory, plan, max_bytes):
             return None
-    report = _write_checkpoint(directory, base, touched, max_bytes)
+    report = _write_checkpoint(directory, plan, max_bytes)
     return _reported(checkpoint_id, report, touched)
 
 
@@ -75,17 +75,15 @@ def no_checkpoint(error):
 
 def _reported(checkpoint_id, report, touched):
     """Adopt the records of a report (or give back what it took) and make its message."""
-    global _last_state_bytes
     records = report.pop("records", None)
     if report.get("error") is None and records is not None:
         state.checkpoint_records = records
-        _last_state_bytes = sum(record["bytes"] for record in records)
     else:
         versions.give_back_touched(touched)
     return checkpoint_done(checkpoint_id, report)
 
 
-def _checkpoint_in_child(checkpoint_id, directory, base, touched, max_bytes):
+def _checkpoint_in_child(checkpoint_id, directory, plan, max_bytes):
     """Fork a child that writes the checkpoint from its copy of the namespace, and a thread that
     replies when the child is done; False when fork() fails."""
     try:
@@ -107,13 +105,15 @@ def _checkpoint_in_child(checkpoint_id, directory, base, touched, max_bytes):
         return False
     if pid == 0:
         os.close(report_read)
-        _checkpoint_child(directory, base, touched, max_bytes, report_write)
+        _checkpoint_child(directory, plan, max_bytes, report_write)
     os.close(report_write)
-    protocol.start_thread(_await_checkpoint_child, checkpoint_id, directory, touched, pid, report_read)
+    protocol.start_thread(
+        _await_checkpoint_child, checkpoint_id, directory, plan.touched, pid, report_read
+    )
     return True
 
 
-def _checkpoint_child(directory, base, touched, max_bytes, report_fd):
+def _checkpoint_child(directory, plan, max_bytes, report_fd):
     """In the forked child: write the checkpoint, its report to `report_fd`, exit. Never returns.
 
     The child never writes a frame (the reader thread, which the child does not have, may have
@@ -130,7 +130,7 @@ def _checkpoint_child(directory, base, touched, max_bytes, report_fd):
         import gc
 
         gc.disable()  # collections would only copy the shared pages
-        report = _write_checkpoint(directory, base, touched, max_bytes)
+        report = _write_checkpoint(directory, plan, max_bytes)
         with open(report_fd, "wb") as pipe:
             pipe.write(protocol.encode(report).encode("utf-8", "replace"))
         status = 0
@@ -161,31 +161,56 @@ def _await_checkpoint_child(checkpoint_id, directory, touched, pid, report_fd):
     protocol.send(_reported(checkpoint_id, report, touched))
 
 
-def _write_checkpoint(directory, base, touched, max_bytes):
-    """Save the namespace as blob files in `directory`: the report of checkpoint_done, with
-    the records of its groups."""
-    definitions = pickling.live_definitions()
-    pickler_name, factory = pickling.session_pickler(definitions)
-    sources = [[name, kind, source] for name, (kind, source, _) in definitions.items()]
-    saved, lost, imports, values = list(definitions), [], [], {}
-    for name, value in list(state.namespace.items()):
-        if not state.is_user_name(name) or name in definitions:
-            continue
-        if isinstance(value, types.ModuleType):
-            module = getattr(value, "__name__", None)
-            if isinstance(module, str) and sys.modules.get(module) is value:
-                imports.append([name, module])
-                saved.append(name)
-            else:
-                lost.append(pickling.lost(name, "module %r is not importable by name" % module))
-            continue
-        values[name] = value
-    reusable = {tuple(record["names"]): record for record in base}
+class _Plan:
+    """What a checkpoint saves and how: the definitions kept as source, the imports, the
+    names that cannot be saved, and each group of values with its record when unchanged."""
+
+    def __init__(self, base, touched):
+        self.touched = touched
+        self.definitions = pickling.live_definitions()
+        self.saved = list(self.definitions)
+        self.lost, self.imports, self.values = [], [], {}
+        for name, value in list(state.namespace.items()):
+            if not state.is_user_name(name) or name in self.definitions:
+                continue
+            if isinstance(value, types.ModuleType):
+                module = getattr(value, "__name__", None)
+                if isinstance(module, str) and sys.modules.get(module) is value:
+                    self.imports.append([name, module])
+                    self.saved.append(name)
+                else:
+                    reason = "module %r is not importable by name" % module
+                    self.lost.append(pickling.lost(name, reason))
+                continue
+            self.values[name] = value
+        previous = {tuple(record["names"]): record for record in base}
+        # (names, record of the unchanged group or None, record of the group's last version)
+        self.groups = []
+        for names in versions.partition(self.values):
+            last = previous.get(tuple(names))
+            self.groups.append((names, unchanged(last, names, self.values, touched), last))
+
+    def small(self):
+        """Whether every group to write has a last version, and together they were small."""
+        to_write = 0
+        for _, record, last in self.groups:
+            if record is None:
+                if last is None:
+                    return False
+                to_write += last["bytes"]
+        return to_write <= _INLINE_BYTES
+
+
+def _write_checkpoint(directory, plan, max_bytes):
+    """Save the namespace as `plan` says, as blob files in `directory`: the report of
+    checkpoint_done, with the records of its groups."""
+    pickler_name, factory = pickling.session_pickler(plan.definitions)
+    sources = [[name, kind, source] for name, (kind, source, _) in plan.definitions.items()]
+    saved, lost, values = list(plan.saved), list(plan.lost), plan.values
     budget = blobfiles.Budget(max_bytes)
     groups, records, written = [], [], 0
     try:
-        for names in versions.partition(values):
-            record = unchanged(reusable.get(tuple(names)), names, values, touched)
+        for names, record, _ in plan.groups:
             if record is not None:
                 budget.spend(record["bytes"])
                 groups.append({"token": record["token"], "names": names, "file": None,
@@ -207,7 +232,7 @@ def _write_checkpoint(directory, base, touched, max_bytes):
     except OSError as exc:
         _remove_blobs(directory)
         return no_checkpoint("cannot write the checkpoint to %s: %s" % (directory, exc))
-    index = {"format": INDEX_FORMAT, "pickler": pickler_name, "imports": imports,
+    index = {"format": INDEX_FORMAT, "pickler": pickler_name, "imports": plan.imports,
              "sources": sources}
     return {"bytes": written, "saved": saved, "lost": lost, "error": None, "index": index,
             "groups": groups, "records": records}

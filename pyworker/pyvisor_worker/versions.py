@@ -133,8 +133,8 @@ def fingerprint(value):
     parts = [type(value).__module__, type(value).__qualname__]
     try:
         _describe(value, parts)
-    except Exception as exc:  # the value's own code may raise: then never reuse it
-        parts.append(("unfingerprintable", id(exc)))
+    except Exception:  # the value's own code may raise: then never reuse it
+        parts.append(("unfingerprintable", new_token()))
     return hashlib.blake2b(repr(parts).encode("utf-8", "replace"), digest_size=16).hexdigest()
 
 
@@ -146,7 +146,8 @@ def _describe(value, parts):
     elif (frame is not None and isinstance(value, frame)) or (
         series is not None and isinstance(value, series)
     ):
-        parts.append((value.shape, repr(getattr(value, "dtypes", value.dtype))[:10_000]))
+        dtypes = value.dtypes if isinstance(value, frame) else value.dtype
+        parts.append((value.shape, repr(dtypes)[:10_000]))
         columns = getattr(value, "columns", None)
         if columns is not None:
             parts.append(tuple(map(repr, columns[:1000])))

@@ -18,6 +18,7 @@
 //!       .partial-XXXXXX.tmp                (a save in progress, or left by a crash)
 //!       blobs/                             (0700)
 //!         <32 hex digits of XXH3-128>      (0600; one group's pickled values)
+//!       .trash-<nanos>/                    (unused blobs, being removed in the background)
 //! ```
 //!
 //! Retention (50 checkpoints by default) and two disk caps (per session, and for the whole

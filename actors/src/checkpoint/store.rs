@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::blobs::{self, BlobRef, GroupSource, LoadedGroup, NewGroup, StoredGroup, BLOBS_DIR};
+use super::blobs::{
+    self, BlobRef, GroupSource, LoadedGroup, NewGroup, StoredGroup, BLOBS_DIR, TRASH_PREFIX,
+};
 use super::envelope::{
     decode_file, prepare_payload, read_summary, write_file, Envelope, HEADER_LEN,
     MAX_ENVELOPE_BYTES, TRAILER_LEN,
@@ -395,7 +397,14 @@ impl CheckpointStore {
         }
         match referenced_blobs(dir) {
             Ok(referenced) => {
-                blobs::collect_garbage(&blobs_dir, &referenced);
+                let nanos = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos();
+                let trash = dir.join(format!("{TRASH_PREFIX}{nanos:x}"));
+                if blobs::collect_garbage(&blobs_dir, &referenced, &trash) > 0 {
+                    remove_in_background(trash);
+                }
             }
             Err(err) => tracing::warn!(error = %err, "cannot tell which checkpoint blobs are used"),
         }
@@ -586,7 +595,14 @@ impl CheckpointStore {
                 }
             };
             for entry in entries.flatten() {
-                if is_temp_file_name(&entry.file_name()) {
+                let is_trash = entry
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|name| name.starts_with(TRASH_PREFIX));
+                if is_trash {
+                    // Unused blobs whose removal a crash interrupted.
+                    let _ = fs::remove_dir_all(entry.path());
+                } else if is_temp_file_name(&entry.file_name()) {
                     let path = entry.path();
                     match fs::remove_file(&path) {
                         Ok(()) => {
@@ -853,6 +869,24 @@ fn session_usage(dir: &Path) -> u64 {
             .sum()
     });
     files + blobs::usage(&dir.join(BLOBS_DIR))
+}
+
+/// Removes a directory of unused blobs on a thread of its own, or at once if none starts.
+fn remove_in_background(dir: PathBuf) {
+    let remove = |dir: &Path| {
+        if let Err(err) = fs::remove_dir_all(dir) {
+            tracing::warn!(dir = %dir.display(), error = %err, "cannot remove unused checkpoint blobs");
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("pyvisor-blob-gc".into())
+        .spawn({
+            let dir = dir.clone();
+            move || remove(&dir)
+        });
+    if spawned.is_err() {
+        remove(&dir);
+    }
 }
 
 fn remove_if_there(path: &Path) {
