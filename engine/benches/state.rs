@@ -150,19 +150,14 @@ async fn checkpoint_and_restore(
     let info = session.checkpoints().await.unwrap();
     let latest = info.first().expect("a checkpoint was listed");
     println!(
-        "mixed namespace{}: payload {} bytes, checkpoint file {} bytes ({}), {} names saved",
+        "mixed namespace{}: state {} bytes in blobs, {} bytes written, {} names saved",
         if with_frame {
             " + DataFrame"
         } else {
             " (pandas not importable)"
         },
-        latest.payload_bytes,
+        latest.state_bytes,
         first.bytes,
-        if latest.compressed {
-            "zstd"
-        } else {
-            "uncompressed"
-        },
         first.saved.len()
     );
     let mut checkpoints = Vec::with_capacity(n);

@@ -104,6 +104,10 @@ async fn every_method_works_through_the_socket() {
         .map(|v| v["name"].as_str().unwrap())
         .collect();
     assert!(names.contains(&"x"), "{info}");
+    // Automatic checkpoints are on: a crash now would lose at most what ran since the last.
+    assert!(info["durability"]["saved"].is_boolean(), "{info}");
+    assert!(info["durability"]["unsaved_executions"].is_u64(), "{info}");
+    assert_eq!(result["warnings"], json!([]), "{result}");
 
     let listed = conn.call("session.list", json!({"owner": "alice"})).await;
     assert_eq!(listed.as_array().unwrap().len(), 1);
@@ -114,6 +118,10 @@ async fn every_method_works_through_the_socket() {
         .call("session.checkpoint", json!({"session_id": session}))
         .await;
     let checkpoint_id = checkpoint["checkpoint_id"].as_str().unwrap().to_owned();
+    assert!(
+        checkpoint["state_bytes"].as_u64().unwrap() > 0,
+        "{checkpoint}"
+    );
     assert!(checkpoint["saved"]
         .as_array()
         .unwrap()

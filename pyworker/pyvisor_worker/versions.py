@@ -23,6 +23,7 @@ through a path that names none of the group's names.
 
 import gc
 import hashlib
+import itertools
 import os
 import sys
 import time
@@ -164,7 +165,8 @@ def _describe(value, parts):
     elif isinstance(value, (list, tuple)):
         parts.append((len(value), _sampled_ids(value)))
     elif isinstance(value, dict):
-        parts.append((len(value), _sampled_ids(list(value.items()))))
+        first = list(itertools.islice(value.items(), _ITEMS))  # a copy of them all costs seconds
+        parts.append((len(value), _sampled_ids(first)))
     elif isinstance(value, (set, frozenset)):
         parts.append((len(value), sum(map(id, value)) if len(value) < 100_000 else None))
     else:

@@ -4,7 +4,7 @@
 //! The SessionActor saves through it after a checkpoint request to its worker, and the
 //! Supervisor loads through it when it restarts a session or the engine.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File};
 use std::io::{self, Read};
 use std::num::NonZeroUsize;
@@ -12,22 +12,26 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::blobs::{
-    self, BlobRef, GroupSource, LoadedGroup, NewGroup, StoredGroup, BLOBS_DIR, TRASH_PREFIX,
+    self, GroupSource, LoadedGroup, NewGroup, StoredGroup, BLOBS_DIR, TRASH_PREFIX,
 };
 use super::envelope::{
-    decode_file, prepare_payload, read_summary, write_file, Envelope, HEADER_LEN,
-    MAX_ENVELOPE_BYTES, TRAILER_LEN,
+    decode_file, prepare_payload, write_file, Envelope, HEADER_LEN, MAX_ENVELOPE_BYTES, TRAILER_LEN,
 };
 use super::errors::{CheckpointError, CorruptionError};
 use super::layout::{
-    checkpoint_file_name, is_session_dir_name, is_temp_file_name, parse_checkpoint_file_name,
-    session_dir_name, SESSIONS_DIR, TEMP_PREFIX, TEMP_SUFFIX,
+    checkpoint_file_name, is_session_dir_name, is_temp_file_name, session_dir_name, SESSIONS_DIR,
+    TEMP_PREFIX, TEMP_SUFFIX,
 };
 use super::meta::{
     CheckpointId, CheckpointInfo, CheckpointMeta, LoadedCheckpoint, SkippedCheckpoint,
+};
+use disk::session_usage;
+use listing::{
+    checked_info, newest_session_name, next_sequence, read_info, retained_groups, sequences,
+    system_time,
 };
 
 /// How many checkpoints a session keeps by default. Checkpoints share the blobs of the groups
@@ -333,98 +337,6 @@ impl CheckpointStore {
         })
     }
 
-    /// Prunes the oldest checkpoints of a session while it, or the whole store, is over its
-    /// disk cap. A newest checkpoint `newest` that is over a cap by itself is removed instead,
-    /// the earlier ones left as they are, and the caller is told.
-    fn enforce_caps(
-        &self,
-        session: &str,
-        dir: &Path,
-        newest: &CheckpointInfo,
-        mut usage: u64,
-    ) -> Result<(), CheckpointError> {
-        let alone = newest.state_bytes.saturating_add(newest.file_bytes);
-        let others = self
-            .total_usage
-            .load(Ordering::Relaxed)
-            .saturating_sub(usage);
-        let refusal = if alone > self.config.session_disk_bytes {
-            Some(("this session's", alone, self.config.session_disk_bytes))
-        } else if others.saturating_add(alone) > self.config.total_disk_bytes {
-            Some((
-                "all sessions'",
-                others + alone,
-                self.config.total_disk_bytes,
-            ))
-        } else {
-            None
-        };
-        if let Some((scope, bytes, limit)) = refusal {
-            remove_if_there(&dir.join(checkpoint_file_name(newest.id.sequence())));
-            self.collect_garbage(dir);
-            self.account(usage, session_usage(dir));
-            return Err(CheckpointError::DiskFull {
-                scope,
-                bytes,
-                limit,
-            });
-        }
-        let over = |store: &Self, usage: u64| {
-            usage > store.config.session_disk_bytes
-                || store.total_usage.load(Ordering::Relaxed) > store.config.total_disk_bytes
-        };
-        while over(self, usage) {
-            let oldest = sequences(dir)?
-                .into_iter()
-                .rev()
-                .find(|s| *s != newest.id.sequence());
-            let Some(oldest) = oldest else { break };
-            tracing::info!(session, checkpoint = %CheckpointId::from_sequence(oldest), "pruning a checkpoint to stay within the disk cap");
-            remove_if_there(&dir.join(checkpoint_file_name(oldest)));
-            self.collect_garbage(dir);
-            let now = session_usage(dir);
-            self.account(usage, now);
-            usage = now;
-        }
-        Ok(())
-    }
-
-    /// Removes the blobs of a session that none of its checkpoints refers to.
-    fn collect_garbage(&self, dir: &Path) {
-        let blobs_dir = dir.join(BLOBS_DIR);
-        if !blobs_dir.exists() {
-            return;
-        }
-        match referenced_blobs(dir) {
-            Ok(referenced) => {
-                let nanos = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_nanos();
-                let trash = dir.join(format!("{TRASH_PREFIX}{nanos:x}"));
-                if blobs::collect_garbage(&blobs_dir, &referenced, &trash) > 0 {
-                    remove_in_background(trash);
-                }
-            }
-            Err(err) => tracing::warn!(error = %err, "cannot tell which checkpoint blobs are used"),
-        }
-    }
-
-    /// Moves the store's account of the disk from a session's usage `before` to `after`.
-    fn account(&self, before: u64, after: u64) {
-        if after >= before {
-            self.total_usage
-                .fetch_add(after - before, Ordering::Relaxed);
-        } else {
-            let freed = before - after;
-            let _ = self
-                .total_usage
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
-                    Some(total.saturating_sub(freed))
-                });
-        }
-    }
-
     fn session_lock(&self, dir: &Path) -> Arc<Mutex<()>> {
         let mut locks = self
             .session_locks
@@ -618,28 +530,6 @@ impl CheckpointStore {
         Ok(())
     }
 
-    /// Deletes a session's checkpoints beyond the retention, oldest first. The new checkpoint
-    /// is saved already, so a failure here is only logged.
-    fn prune(&self, dir: &Path) {
-        let sequences = match sequences(dir) {
-            Ok(sequences) => sequences,
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot prune old checkpoints");
-                return;
-            }
-        };
-        for sequence in sequences.into_iter().skip(self.config.retention.get()) {
-            let path = dir.join(checkpoint_file_name(sequence));
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                Err(err) => {
-                    tracing::warn!(path = %path.display(), error = %err, "cannot prune an old checkpoint")
-                }
-            }
-        }
-    }
-
     /// Reads and checks one whole checkpoint file and the blobs it refers to.
     fn read_checkpoint(
         &self,
@@ -686,121 +576,6 @@ impl CheckpointStore {
     }
 }
 
-/// Reads the metadata of one checkpoint file, leaving its payload unread.
-fn read_info(
-    session: &str,
-    path: &Path,
-    id: CheckpointId,
-) -> Result<CheckpointInfo, CorruptionError> {
-    let mut file = File::open(path).map_err(CorruptionError::Read)?;
-    let file_bytes = file.metadata().map_err(CorruptionError::Read)?.len();
-    let summary = read_summary(&mut file, file_bytes)?;
-    checked_info(
-        session,
-        id,
-        summary.envelope,
-        file_bytes,
-        summary.compressed,
-    )
-}
-
-/// The session name recorded in the newest checkpoint of a directory whose metadata is
-/// readable and whose name matches the directory.
-fn newest_session_name(dir: &Path) -> Result<Option<String>, CheckpointError> {
-    let dir_name = dir.file_name().and_then(|name| name.to_str());
-    for sequence in sequences(dir)? {
-        let path = dir.join(checkpoint_file_name(sequence));
-        let summary = File::open(&path)
-            .and_then(|file| Ok((file.metadata()?.len(), file)))
-            .map_err(CorruptionError::Read)
-            .and_then(|(len, mut file)| read_summary(&mut file, len));
-        match summary {
-            Ok(summary)
-                if Some(session_dir_name(&summary.envelope.session).as_str()) == dir_name =>
-            {
-                return Ok(Some(summary.envelope.session));
-            }
-            Ok(_) => {
-                tracing::warn!(path = %path.display(), "a checkpoint is in another session's directory")
-            }
-            Err(err) => {
-                tracing::warn!(path = %path.display(), error = %err, "skipping an unusable checkpoint")
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// Checks that a file's metadata matches where it was found, and describes it.
-fn checked_info(
-    session: &str,
-    id: CheckpointId,
-    envelope: Envelope,
-    file_bytes: u64,
-    compressed: bool,
-) -> Result<CheckpointInfo, CorruptionError> {
-    if envelope.session != session {
-        return Err(CorruptionError::WrongSession {
-            found: envelope.session,
-        });
-    }
-    if envelope.sequence != id.sequence() {
-        return Err(CorruptionError::WrongSequence {
-            found: envelope.sequence,
-        });
-    }
-    Ok(CheckpointInfo {
-        id,
-        session: envelope.session,
-        created_at: system_time(envelope.created_at_ms),
-        meta: CheckpointMeta {
-            execution_count: envelope.execution_count,
-            names_saved: envelope.names_saved,
-            names_lost: envelope.names_lost,
-        },
-        payload_bytes: envelope.payload_bytes,
-        file_bytes,
-        compressed,
-        state_bytes: envelope.groups.iter().map(|g| g.blob.bytes).sum(),
-        written_bytes: None,
-    })
-}
-
-/// The sequences of the checkpoint files in a session directory, newest first; none when the
-/// directory does not exist.
-fn sequences(dir: &Path) -> Result<Vec<u64>, CheckpointError> {
-    let read_error = io_error("read", dir);
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(err) => return Err(read_error(err)),
-    };
-    let mut sequences = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(&read_error)?;
-        if let Some(sequence) = parse_checkpoint_file_name(&entry.file_name()) {
-            sequences.push(sequence);
-        }
-    }
-    sequences.sort_unstable_by(|a, b| b.cmp(a));
-    Ok(sequences)
-}
-
-/// The sequence for the next checkpoint in a directory: one past the newest file there, so
-/// numbering continues across restarts.
-fn next_sequence(dir: &Path) -> Result<u64, CheckpointError> {
-    Ok(sequences(dir)?
-        .first()
-        .map_or(1, |newest| newest.saturating_add(1)))
-}
-
-fn system_time(unix_ms: u64) -> SystemTime {
-    // Cannot overflow on 64-bit Unix: u64 milliseconds fit in i64 seconds.
-    UNIX_EPOCH
-        .checked_add(Duration::from_millis(unix_ms))
-        .unwrap_or(UNIX_EPOCH)
-}
-
 /// fsyncs a directory, making the entries created or removed in it durable.
 fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir)
@@ -808,7 +583,7 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
         .map_err(io_error("sync", dir))
 }
 
-fn io_error<'a>(
+pub(super) fn io_error<'a>(
     action: &'static str,
     path: &'a Path,
 ) -> impl Fn(io::Error) -> CheckpointError + 'a {
@@ -819,85 +594,7 @@ fn io_error<'a>(
     }
 }
 
-/// The blob of every group of the retained checkpoints of a session, by the group's token.
-fn retained_groups(session: &str, dir: &Path) -> Result<HashMap<String, BlobRef>, CheckpointError> {
-    let mut groups = HashMap::new();
-    for envelope in envelopes(dir)? {
-        if envelope.session == session {
-            for group in envelope.groups {
-                groups.entry(group.token).or_insert(group.blob);
-            }
-        }
-    }
-    Ok(groups)
-}
-
-/// The blobs that the checkpoints of a session refer to. A checkpoint whose metadata cannot be
-/// read refers to none: it cannot be loaded anyway.
-fn referenced_blobs(dir: &Path) -> Result<HashSet<BlobRef>, CheckpointError> {
-    Ok(envelopes(dir)?
-        .into_iter()
-        .flat_map(|envelope| envelope.groups)
-        .map(|group| group.blob)
-        .collect())
-}
-
-/// The readable envelopes of the checkpoints in a session directory, newest first.
-fn envelopes(dir: &Path) -> Result<Vec<Envelope>, CheckpointError> {
-    let mut found = Vec::new();
-    for sequence in sequences(dir)? {
-        let path = dir.join(checkpoint_file_name(sequence));
-        let summary = File::open(&path)
-            .and_then(|file| Ok((file.metadata()?.len(), file)))
-            .map_err(CorruptionError::Read)
-            .and_then(|(len, mut file)| read_summary(&mut file, len));
-        if let Ok(summary) = summary {
-            found.push(summary.envelope);
-        }
-    }
-    Ok(found)
-}
-
-/// Bytes that a session's checkpoint files and blobs take on disk.
-fn session_usage(dir: &Path) -> u64 {
-    let files: u64 = fs::read_dir(dir).map_or(0, |entries| {
-        entries
-            .flatten()
-            .filter_map(|entry| entry.metadata().ok())
-            .filter(|meta| meta.is_file())
-            .map(|meta| meta.len())
-            .sum()
-    });
-    files + blobs::usage(&dir.join(BLOBS_DIR))
-}
-
-/// Removes a directory of unused blobs on a thread of its own, or at once if none starts.
-fn remove_in_background(dir: PathBuf) {
-    let remove = |dir: &Path| {
-        if let Err(err) = fs::remove_dir_all(dir) {
-            tracing::warn!(dir = %dir.display(), error = %err, "cannot remove unused checkpoint blobs");
-        }
-    };
-    let spawned = std::thread::Builder::new()
-        .name("pyvisor-blob-gc".into())
-        .spawn({
-            let dir = dir.clone();
-            move || remove(&dir)
-        });
-    if spawned.is_err() {
-        remove(&dir);
-    }
-}
-
-fn remove_if_there(path: &Path) {
-    match fs::remove_file(path) {
-        Ok(()) => {}
-        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-        Err(err) => {
-            tracing::warn!(path = %path.display(), error = %err, "cannot remove a checkpoint")
-        }
-    }
-}
-
+mod disk;
+mod listing;
 #[cfg(test)]
 mod tests;

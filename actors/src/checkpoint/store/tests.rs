@@ -2,7 +2,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use tempfile::TempDir;
