@@ -79,7 +79,9 @@ pub(crate) async fn pump(
         };
         let alive = match step {
             Ok(Step::Frames) => pump.read_frames().await,
-            Ok(Step::Output(stream)) => pump.read_output(stream, READ_CHUNK).await,
+            Ok(Step::Output(stream)) => {
+                pump.read_output(stream, READ_CHUNK, Probe::Readiness).await
+            }
             Err(err) => pump.protocol_error(format!("pipe error: {err}")).await,
         };
         if !alive {
@@ -98,6 +100,15 @@ pub(crate) async fn pump(
 enum Step {
     Frames,
     Output(OutputStream),
+}
+
+/// How `read_output` learns that a pipe has bytes.
+#[derive(Clone, Copy)]
+enum Probe {
+    /// tokio saw the pipe readable: its own non-blocking read.
+    Readiness,
+    /// Before a frame, whatever tokio has seen: a read syscall.
+    Kernel,
 }
 
 struct Pump {
@@ -168,12 +179,15 @@ impl Pump {
 
     /// Emits what is already buffered in both output pipes.
     async fn drain_outputs(&mut self) -> bool {
-        self.read_output(OutputStream::Stdout, DRAIN_LIMIT).await
-            && self.read_output(OutputStream::Stderr, DRAIN_LIMIT).await
+        self.read_output(OutputStream::Stdout, DRAIN_LIMIT, Probe::Kernel)
+            .await
+            && self
+                .read_output(OutputStream::Stderr, DRAIN_LIMIT, Probe::Kernel)
+                .await
     }
 
     /// Reads up to `limit` bytes that are ready on one output pipe, without waiting.
-    async fn read_output(&mut self, stream: OutputStream, limit: usize) -> bool {
+    async fn read_output(&mut self, stream: OutputStream, limit: usize, probe: Probe) -> bool {
         let mut taken = 0;
         while taken < limit {
             let (pipe, open) = match stream {
@@ -183,7 +197,14 @@ impl Pump {
             if !*open {
                 break;
             }
-            match pipe.try_read(&mut self.buffer) {
+            let read = match probe {
+                Probe::Readiness => pipe.try_read(&mut self.buffer),
+                // tokio's try_read answers WouldBlock without reading while its readiness
+                // flag is clear, and the epoll event of bytes written just before a frame may
+                // not have been seen yet: ask the kernel itself (the fd is non-blocking).
+                Probe::Kernel => nix::unistd::read(pipe, &mut self.buffer).map_err(io::Error::from),
+            };
+            match read {
                 Ok(0) => *open = false,
                 Ok(n) => {
                     taken += n;
