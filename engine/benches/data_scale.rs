@@ -8,8 +8,11 @@
 //! from `kill -9` of the worker to the first answer that uses the frame, and the disk the
 //! session's retained checkpoints take, against one copy of its data.
 //!
-//! Run: `cargo bench -p pyvisor --bench data_scale` (`PYVISOR_BENCH_SIZES_MB=200` for the
-//! small frame alone).
+//! A third frame is real data: flight records from `tests/data/flights.csv`, repeated to about
+//! 200 MB, whose blobs the store compresses (random floats it leaves as they are).
+//!
+//! Run: `cargo bench -p pyvisor --bench data_scale` (`PYVISOR_BENCH_FRAMES=200,flights` for
+//! some of them: a size in MB of random floats, or `flights`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -87,21 +90,80 @@ fn dir_bytes(dir: &Path) -> u64 {
     total
 }
 
-async fn measure(engine: &Engine, state_dir: &Path, megabytes: u64, rounds: usize) -> Figures {
+/// A frame to measure: what it is, the code that makes `df`, rounds to run.
+struct Frame {
+    label: String,
+    setup: String,
+    rounds: usize,
+    /// Whether its blobs end up compressed, which the disk figure waits for.
+    compressible: bool,
+}
+
+impl Frame {
+    /// Five columns of random floats: `megabytes` of data that does not compress.
+    fn random(megabytes: u64) -> Frame {
+        let rows = megabytes * 1_000_000 / 40;
+        Frame {
+            label: format!("{megabytes} MB DataFrame of random floats"),
+            setup: format!(
+                "df = pd.DataFrame(np.random.default_rng(7).random(({rows}, 5)), columns=list('abcde'))"
+            ),
+            rounds: if megabytes >= 1000 { 3 } else { 7 },
+            compressible: false,
+        }
+    }
+
+    /// Real flight records (tests/data/flights.csv: 58,492 rows, 14 columns of numbers and
+    /// strings), repeated to about 200 MB of pickle.
+    fn flights() -> Frame {
+        let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/flights.csv");
+        Frame {
+            label: "flights.csv repeated 36 times (2.1 M rows)".into(),
+            setup: format!("df = pd.concat([pd.read_csv({csv:?})] * 36, ignore_index=True)"),
+            rounds: 5,
+            compressible: true,
+        }
+    }
+}
+
+/// Waits until no blob of 1 MiB or more under `dir` is left uncompressed (at most 60 s).
+async fn compressed(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let mut pending = Vec::new();
+        let mut dirs = vec![dir.to_owned()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let meta = entry.metadata().unwrap();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if meta.is_dir() {
+                    dirs.push(entry.path());
+                } else if !name.ends_with(".zst") && meta.len() >= 1 << 20 {
+                    pending.push(name);
+                }
+            }
+        }
+        if pending.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn measure(engine: &Engine, state_dir: &Path, frame: &Frame) -> Figures {
     let session = engine
         .create_session(SessionOptions::default())
         .await
         .expect("a session");
-    let rows = megabytes * 1_000_000 / 40;
     ok(
         &session,
         &format!(
-            "import pickle, time, numpy as np, pandas as pd\n\
-             df = pd.DataFrame(np.random.default_rng(7).random(({rows}, 5)), columns=list('abcde'))\n\
-             k = 0"
+            "import pickle, time, numpy as np, pandas as pd\n{}\nk = 0",
+            frame.setup
         ),
     )
     .await;
+    let rows = ok(&session, "len(df)").await;
     let mut figures = Figures {
         dumps: Vec::new(),
         dump_to_file: Vec::new(),
@@ -118,7 +180,7 @@ async fn measure(engine: &Engine, state_dir: &Path, megabytes: u64, rounds: usiz
         disk_bytes: 0,
         disk_after_column: 0,
     };
-    for _ in 0..rounds {
+    for _ in 0..frame.rounds {
         let plain = ok(
             &session,
             "_t = time.perf_counter(); _b = pickle.dumps(df, protocol=5); _d = time.perf_counter() - _t\n\
@@ -155,6 +217,9 @@ async fn measure(engine: &Engine, state_dir: &Path, megabytes: u64, rounds: usiz
             figures.small_bytes.push(taken.bytes);
         }
         // The retained checkpoints are now the last five, all with this frame.
+        if frame.compressible {
+            compressed(state_dir).await;
+        }
         figures.disk_bytes = dir_bytes(&state_dir.join("sessions"));
 
         ok(&session, "df['f'] = df['a'] * 2").await;
@@ -184,7 +249,7 @@ async fn measure(engine: &Engine, state_dir: &Path, megabytes: u64, rounds: usiz
         loop {
             let result = session.run("len(df)").await.expect("the session answers");
             if result.status == ExecutionStatus::Ok {
-                assert_eq!(result.result.unwrap().repr, rows.to_string());
+                assert_eq!(result.result.unwrap().repr, rows);
                 break;
             }
             assert!(start.elapsed() < Duration::from_secs(120), "no recovery");
@@ -196,12 +261,9 @@ async fn measure(engine: &Engine, state_dir: &Path, megabytes: u64, rounds: usiz
     figures
 }
 
-fn report(megabytes: u64, f: &Figures) {
+fn report(label: &str, f: &Figures) {
     let small_max = f.small_bytes.iter().copied().max().unwrap_or(0);
-    println!(
-        "\n== {megabytes} MB DataFrame (pickle {} bytes)",
-        f.pickle_bytes
-    );
+    println!("\n== {label} (pickle {} bytes)", f.pickle_bytes);
     println!(
         "{:<46} {:>10} {:>10} {:>8}  target",
         "", "p50 ms", "p99 ms", "ratio"
@@ -268,10 +330,16 @@ fn report(megabytes: u64, f: &Figures) {
 }
 
 fn main() {
-    let sizes: Vec<u64> = std::env::var("PYVISOR_BENCH_SIZES_MB")
-        .ok()
-        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![200, 2000]);
+    let frames: Vec<Frame> = match std::env::var("PYVISOR_BENCH_FRAMES") {
+        Ok(names) => names
+            .split(',')
+            .map(|name| match name.trim() {
+                "flights" => Frame::flights(),
+                megabytes => Frame::random(megabytes.parse().expect("flights or a size in MB")),
+            })
+            .collect(),
+        Err(_) => vec![Frame::random(200), Frame::flights(), Frame::random(2000)],
+    };
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     runtime.block_on(async {
         println!(
@@ -280,7 +348,7 @@ fn main() {
                 .unwrap_or_default()
                 .trim()
         );
-        for megabytes in sizes {
+        for frame in frames {
             let state_dir = tempfile::tempdir().expect("a state dir");
             let engine = Engine::start(EngineConfig {
                 preload: vec!["pandas".into()],
@@ -308,9 +376,8 @@ fn main() {
             })
             .await
             .expect("engine starts");
-            let rounds = if megabytes >= 1000 { 3 } else { 7 };
-            let figures = measure(&engine, state_dir.path(), megabytes, rounds).await;
-            report(megabytes, &figures);
+            let figures = measure(&engine, state_dir.path(), &frame).await;
+            report(&frame.label, &figures);
             engine.shutdown(Duration::from_secs(30)).await.ok();
         }
     });

@@ -351,3 +351,57 @@ async fn a_checkpoint_over_the_disk_cap_fails_clearly_and_the_result_warns() {
         Some(kept.checkpoint_id)
     );
 }
+
+#[tokio::test]
+async fn a_table_that_compresses_is_stored_compressed_and_comes_back_after_a_crash() {
+    let dir = state_dir();
+    let engine = engine_in(&dir).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    ok(
+        &session,
+        "import numpy as np, pandas as pd\n\
+         table = pd.DataFrame({'day': np.arange(400_000) % 7, 'store': np.arange(400_000) % 50,\n\
+         \x20                  'label': pd.Categorical(['a', 'b', 'c', 'd'] * 100_000)})",
+    )
+    .await;
+    let saved = within(session.checkpoint()).await.unwrap();
+    // Compression runs after the checkpoint is durable, on a thread of the store.
+    within(async {
+        // Done once the raw blob is gone: the compressed one is renamed in first.
+        while !blob_files(&dir)
+            .iter()
+            .all(|p| p.extension().is_some_and(|e| e == "zst"))
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let on_disk: u64 = blob_files(&dir)
+        .iter()
+        .map(|path| std::fs::metadata(path).unwrap().len())
+        .sum();
+    assert!(
+        on_disk * 4 < saved.state_bytes,
+        "{on_disk} of {}",
+        saved.state_bytes
+    );
+    kill_worker(&session).await;
+    let back = ok(
+        &session,
+        "len(table), int(table['store'].sum()), table['label'].dtype.name",
+    )
+    .await;
+    assert_eq!(back.result.unwrap().repr, "(400000, 9800000, 'category')");
+    // What was decompressed for the restore does not stay behind.
+    within(async {
+        while std::fs::read_dir(dir.join("sessions"))
+            .unwrap()
+            .flatten()
+            .flat_map(|s| std::fs::read_dir(s.path()).unwrap().flatten())
+            .any(|e| e.file_name().to_string_lossy().starts_with(".restore-"))
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}

@@ -105,6 +105,9 @@ pub struct LoadedCheckpoint {
     pub payload: Vec<u8>,
     /// The groups of names and their blobs, each checked against its hash.
     pub groups: Vec<LoadedGroup>,
+    /// A directory holding blobs that are stored compressed, decompressed for this load;
+    /// the caller removes it once the worker has read (or mapped) them.
+    pub restore_dir: Option<PathBuf>,
     /// Newer checkpoints of the session that were skipped because they are unusable.
     pub skipped: Vec<SkippedCheckpoint>,
 }

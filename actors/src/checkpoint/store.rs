@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::blobs::{
-    self, GroupSource, LoadedGroup, NewGroup, StoredGroup, BLOBS_DIR, TRASH_PREFIX,
+    self, BlobRef, GroupSource, LoadedGroup, NewGroup, StoredGroup, BLOBS_DIR, RESTORE_PREFIX,
+    TRASH_PREFIX,
 };
 use super::envelope::{
     decode_file, prepare_payload, write_file, Envelope, HEADER_LEN, MAX_ENVELOPE_BYTES, TRAILER_LEN,
@@ -218,9 +219,10 @@ impl CheckpointStore {
         self.collect_garbage(&dir);
         let written = session_usage(&dir);
         self.account(usage_before, written);
-        let mut info = outcome?;
+        let (mut info, new_blobs) = outcome?;
         self.enforce_caps(session, &dir, &info, written)?;
         info.written_bytes = Some(written.saturating_sub(usage_before).max(info.file_bytes));
+        self.compress_later(&dir, new_blobs);
         Ok(info)
     }
 
@@ -230,7 +232,7 @@ impl CheckpointStore {
         session: &str,
         dir: &Path,
         checkpoint: NewCheckpoint<'_>,
-    ) -> Result<CheckpointInfo, CheckpointError> {
+    ) -> Result<(CheckpointInfo, Vec<BlobRef>), CheckpointError> {
         let blobs_dir = dir.join(BLOBS_DIR);
         if !checkpoint.groups.is_empty() {
             match DirBuilder::new().mode(0o700).create(&blobs_dir) {
@@ -242,6 +244,7 @@ impl CheckpointStore {
         let retained = retained_groups(session, dir)?;
         let max_state = checkpoint.max_state_bytes.min(self.config.max_bytes as u64);
         let mut groups = Vec::with_capacity(checkpoint.groups.len());
+        let mut new_blobs = Vec::new();
         let mut state_bytes = 0u64;
         for group in checkpoint.groups {
             let blob = match &group.source {
@@ -253,7 +256,13 @@ impl CheckpointStore {
                         })
                     }
                 },
-                GroupSource::File(path) => blobs::ingest(&blobs_dir, path, max_state)?.0,
+                GroupSource::File(path) => {
+                    let (blob, added) = blobs::ingest(&blobs_dir, path, max_state)?;
+                    if added {
+                        new_blobs.push(blob);
+                    }
+                    blob
+                }
             };
             state_bytes = state_bytes.saturating_add(blob.bytes);
             if state_bytes > max_state {
@@ -309,7 +318,7 @@ impl CheckpointStore {
                 Ok(_) => {
                     sync_dir(dir)?;
                     self.prune(dir);
-                    return Ok(CheckpointInfo {
+                    let info = CheckpointInfo {
                         id: CheckpointId::from_sequence(envelope.sequence),
                         session: envelope.session,
                         created_at: system_time(created_at_ms),
@@ -319,7 +328,8 @@ impl CheckpointStore {
                         compressed: stored.compressed(),
                         state_bytes,
                         written_bytes: None,
-                    });
+                    };
+                    return Ok((info, new_blobs));
                 }
                 Err(err) if err.error.kind() == io::ErrorKind::AlreadyExists => {
                     envelope.sequence = next_sequence(dir)?.max(envelope.sequence + 1);
@@ -360,10 +370,11 @@ impl CheckpointStore {
         if let Some(id) = id {
             let path = dir.join(checkpoint_file_name(id.sequence()));
             return match self.read_checkpoint(session, &path, id) {
-                Ok((info, payload, groups)) => Ok(LoadedCheckpoint {
+                Ok((info, payload, groups, restore_dir)) => Ok(LoadedCheckpoint {
                     info,
                     payload,
                     groups,
+                    restore_dir,
                     skipped: Vec::new(),
                 }),
                 Err(CorruptionError::Read(err)) if err.kind() == io::ErrorKind::NotFound => {
@@ -385,11 +396,12 @@ impl CheckpointStore {
             let id = CheckpointId::from_sequence(sequence);
             let path = dir.join(checkpoint_file_name(sequence));
             match self.read_checkpoint(session, &path, id) {
-                Ok((info, payload, groups)) => {
+                Ok((info, payload, groups, restore_dir)) => {
                     return Ok(LoadedCheckpoint {
                         info,
                         payload,
                         groups,
+                        restore_dir,
                         skipped,
                     })
                 }
@@ -507,12 +519,12 @@ impl CheckpointStore {
                 }
             };
             for entry in entries.flatten() {
-                let is_trash = entry
-                    .file_name()
-                    .to_str()
-                    .is_some_and(|name| name.starts_with(TRASH_PREFIX));
-                if is_trash {
-                    // Unused blobs whose removal a crash interrupted.
+                let is_leftover = entry.file_name().to_str().is_some_and(|name| {
+                    name.starts_with(TRASH_PREFIX) || name.starts_with(RESTORE_PREFIX)
+                });
+                if is_leftover {
+                    // Unused blobs whose removal a crash interrupted, or blobs decompressed
+                    // for a restore the engine did not live to clean up.
                     let _ = fs::remove_dir_all(entry.path());
                 } else if is_temp_file_name(&entry.file_name()) {
                     let path = entry.path();
@@ -536,7 +548,7 @@ impl CheckpointStore {
         session: &str,
         path: &Path,
         id: CheckpointId,
-    ) -> Result<(CheckpointInfo, Vec<u8>, Vec<LoadedGroup>), CorruptionError> {
+    ) -> Result<ReadCheckpoint, CorruptionError> {
         // A valid file within the limit is never longer than this: a payload is stored
         // compressed only when that makes it shorter.
         let max_payload = self.config.max_bytes as u64;
@@ -561,10 +573,20 @@ impl CheckpointStore {
             decoded.compressed,
         )?;
         let blobs_dir = path.with_file_name(BLOBS_DIR);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let restore_dir = path.with_file_name(format!("{RESTORE_PREFIX}{nanos:x}"));
         let mut groups = Vec::with_capacity(stored_groups.len());
         for group in stored_groups {
-            let blob_path = blobs_dir.join(group.blob.file_name());
-            blobs::verify(&blob_path, &group.blob)?;
+            let blob_path = match blobs::materialize(&blobs_dir, &group.blob, &restore_dir) {
+                Ok(path) => path,
+                Err(err) => {
+                    let _ = fs::remove_dir_all(&restore_dir);
+                    return Err(err);
+                }
+            };
             groups.push(LoadedGroup {
                 token: group.token,
                 names: group.names,
@@ -572,9 +594,14 @@ impl CheckpointStore {
                 bytes: group.blob.bytes,
             });
         }
-        Ok((info, decoded.payload, groups))
+        let restore_dir = restore_dir.exists().then_some(restore_dir);
+        Ok((info, decoded.payload, groups, restore_dir))
     }
 }
+
+/// A checkpoint read back: its description, payload, groups (blob files to read) and the
+/// directory of blobs decompressed for the load, if any.
+type ReadCheckpoint = (CheckpointInfo, Vec<u8>, Vec<LoadedGroup>, Option<PathBuf>);
 
 /// fsyncs a directory, making the entries created or removed in it durable.
 fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {

@@ -143,6 +143,8 @@ enum Pending {
         checkpoint: LastCheckpoint,
         /// A restore after the worker died, before anything else runs.
         recovery: bool,
+        /// Blobs stored compressed, decompressed for the worker; removed once it answers.
+        restore_dir: Option<PathBuf>,
     },
     Inspect {
         reply: oneshot::Sender<Inspection>,
@@ -458,7 +460,10 @@ impl SessionActor {
                         let _ = reply.send(Err(lost()));
                     }
                 }
-                Pending::Restore { reply, .. } => {
+                Pending::Restore {
+                    reply, restore_dir, ..
+                } => {
+                    remove_dir_later(restore_dir);
                     if let Some(reply) = reply {
                         let _ = reply.send(Err(lost()));
                     }
@@ -553,9 +558,11 @@ pub(crate) fn megabytes(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
-/// Removes a checkpoint's scratch directory on the blocking pool.
-fn remove_dir_later(dir: PathBuf) {
-    drop(tokio::task::spawn_blocking(move || {
-        let _ = std::fs::remove_dir_all(dir);
-    }));
+/// Removes a scratch directory of a checkpoint or a restore, if any, on the blocking pool.
+fn remove_dir_later(dir: impl Into<Option<PathBuf>>) {
+    if let Some(dir) = dir.into() {
+        drop(tokio::task::spawn_blocking(move || {
+            let _ = std::fs::remove_dir_all(dir);
+        }));
+    }
 }

@@ -16,6 +16,48 @@ use crate::checkpoint::layout::checkpoint_file_name;
 use crate::checkpoint::meta::{CheckpointId, CheckpointInfo};
 
 impl CheckpointStore {
+    /// Stores the new blobs of a checkpoint compressed where that pays, on a thread of its own:
+    /// the checkpoint is durable already, and compressing a large blob takes longer than a
+    /// checkpoint should.
+    pub(super) fn compress_later(&self, dir: &Path, blobs: Vec<BlobRef>) {
+        let blobs: Vec<BlobRef> = blobs
+            .into_iter()
+            .filter(|blob| blob.bytes >= blobs::COMPRESS_MIN)
+            .collect();
+        if blobs.is_empty() {
+            return;
+        }
+        let (store, dir) = (self.clone(), dir.to_owned());
+        let spawned = std::thread::Builder::new()
+            .name("pyvisor-blob-zstd".into())
+            .spawn(move || store.compress(&dir, &blobs));
+        if let Err(err) = spawned {
+            tracing::warn!(error = %err, "checkpoint blobs stay uncompressed");
+        }
+    }
+
+    fn compress(&self, dir: &Path, blobs: &[BlobRef]) {
+        let blobs_dir = dir.join(BLOBS_DIR);
+        for blob in blobs {
+            let swapped = blobs::compress_if_it_pays(&blobs_dir, blob, |swap| {
+                let lock = self.session_lock(dir);
+                let _held = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let before = session_usage(dir);
+                let outcome = swap();
+                self.account(before, session_usage(dir));
+                outcome
+            });
+            match swapped {
+                Ok(0) => {}
+                Ok(saved) => tracing::debug!(blob = %blob.file_name(), saved, "blob compressed"),
+                // Removed meanwhile, or the disk is full: the raw blob serves as well.
+                Err(err) => {
+                    tracing::debug!(blob = %blob.file_name(), error = %err, "blob not compressed")
+                }
+            }
+        }
+    }
+
     /// Prunes the oldest checkpoints of a session while it, or the whole store, is over its
     /// disk cap. A newest checkpoint `newest` that is over a cap by itself is removed instead,
     /// the earlier ones left as they are, and the caller is told.

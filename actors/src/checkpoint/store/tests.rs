@@ -788,3 +788,74 @@ fn a_state_over_the_sessions_limit_is_refused() {
     assert!(blob_files(&store).is_empty());
     assert!(dir_entries(&scratch).is_empty());
 }
+
+/// Waits (up to 30 s) until the blob directory of `SESSION` holds a compressed blob.
+fn wait_for_compressed_blob(store: &CheckpointStore) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(name) = blob_files(store).into_iter().find(|n| n.ends_with(".zst")) {
+            return name;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no blob was compressed: {:?}",
+            blob_files(store)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// 2 MiB that compress well, like a pickle of a table of small integers and repeated labels.
+fn table_like(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| b"label-0123,42,7.5\n"[i % 18] ^ ((i / 4096) % 3) as u8)
+        .collect()
+}
+
+#[test]
+fn a_blob_that_compresses_well_is_stored_compressed_and_loads_back_as_it_was() {
+    let (root, store) = new_store();
+    let scratch = root.path().join("scratch");
+    fs::create_dir(&scratch).unwrap();
+    let table = table_like(2 * 1024 * 1024);
+    let saved = save_groups(&store, &[blob_file(&scratch, "t", &table)]).unwrap();
+    let name = wait_for_compressed_blob(&store);
+    assert_eq!(
+        blob_files(&store),
+        std::slice::from_ref(&name),
+        "the raw blob is gone"
+    );
+    let stored = fs::metadata(store.session_dir(SESSION).join(BLOBS_DIR).join(&name))
+        .unwrap()
+        .len();
+    assert!(stored < table.len() as u64 / 4, "{stored} bytes stored");
+    // The store's account follows the smaller file.
+    assert!(
+        store.disk_usage() < table.len() as u64 / 2,
+        "{}",
+        store.disk_usage()
+    );
+
+    let loaded = store.load(SESSION, Some(saved.id)).unwrap();
+    let restore_dir = loaded
+        .restore_dir
+        .clone()
+        .expect("decompressed for the worker");
+    assert!(loaded.groups[0].path.starts_with(&restore_dir));
+    assert_eq!(fs::read(&loaded.groups[0].path).unwrap(), table);
+    // An unchanged group still refers to it.
+    save_groups(&store, &[unchanged("t")]).unwrap();
+    assert_eq!(blob_files(&store), std::slice::from_ref(&name));
+
+    // A corrupt compressed blob makes its checkpoints unusable.
+    let path = store.session_dir(SESSION).join(BLOBS_DIR).join(&name);
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    let mut bytes = fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    fs::write(&path, bytes).unwrap();
+    assert!(matches!(
+        store.load(SESSION, Some(saved.id)),
+        Err(CheckpointError::Corrupt { .. })
+    ));
+}

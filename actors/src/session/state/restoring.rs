@@ -9,7 +9,7 @@ use pyvisor_protocol::{HostMessage, RestoreGroup};
 use super::super::durability::LastCheckpoint;
 use super::super::messages::RestoreSummary;
 use super::super::{SessionActor, State};
-use super::{Pending, RestoreReply, RestoreReport};
+use super::{remove_dir_later, Pending, RestoreReply, RestoreReport};
 use crate::checkpoint::{CheckpointError, CheckpointId, LoadedCheckpoint};
 use crate::errors::SessionError;
 
@@ -88,6 +88,34 @@ impl SessionActor {
         recovery: bool,
         reply: &mut Option<RestoreReply>,
     ) -> Result<u64, SessionError> {
+        let restore_dir = loaded.restore_dir.clone();
+        let sent = self.send_restore_frame(&loaded);
+        let request = match sent {
+            Ok(request) => request,
+            Err(err) => {
+                remove_dir_later(restore_dir);
+                return Err(err);
+            }
+        };
+        let execution_count = loaded.info.meta.execution_count;
+        self.durability.pending.insert(
+            request,
+            Pending::Restore {
+                reply: reply.take(),
+                checkpoint: LastCheckpoint {
+                    id: loaded.info.id,
+                    execution_count,
+                    at: Instant::now(),
+                },
+                recovery,
+                restore_dir,
+            },
+        );
+        Ok(execution_count)
+    }
+
+    /// Sends the restore frame of `loaded`; returns the request's id.
+    fn send_restore_frame(&mut self, loaded: &LoadedCheckpoint) -> Result<String, SessionError> {
         let worker_state = |reason: String| SessionError::WorkerState {
             session_id: self.session_id.clone(),
             reason,
@@ -117,20 +145,7 @@ impl SessionActor {
             .send(&frame)
             .map_err(|err| worker_state(err.to_string()))?;
         self.durability.next_request += 1;
-        let execution_count = loaded.info.meta.execution_count;
-        self.durability.pending.insert(
-            request,
-            Pending::Restore {
-                reply: reply.take(),
-                checkpoint: LastCheckpoint {
-                    id: loaded.info.id,
-                    execution_count,
-                    at: Instant::now(),
-                },
-                recovery,
-            },
-        );
-        Ok(execution_count)
+        Ok(request)
     }
 
     /// The worker restored (or failed to restore) the namespace of request `id`.
@@ -139,10 +154,13 @@ impl SessionActor {
             reply,
             checkpoint,
             recovery,
+            restore_dir,
         }) = self.durability.pending.remove(id)
         else {
             return;
         };
+        // The worker has read or mapped the blobs decompressed for it.
+        remove_dir_later(restore_dir);
         let outcome = match report.error {
             Some(reason) => {
                 if recovery {
