@@ -15,8 +15,10 @@ Host -> worker:
      "transaction": "commit_always" | "rollback_on_failure"}     commit_always when absent
     {"type": "input_reply", "id": "e-1", "value": "text"}     "value": null makes it EOF
     {"type": "interrupt", "id": "e-1"}
-    {"type": "checkpoint", "id": "c-1", "path": "/dir/file", "background": true}
-    {"type": "restore", "id": "r-1", "path": "/dir/file", "clear": true}
+    {"type": "checkpoint", "id": "c-1", "dir": "/dir", "background": true,
+     "incremental": true, "max_bytes": 2147483648}
+    {"type": "restore", "id": "r-1", "index": {...},
+     "groups": [{"token": "...", "names": ["df"], "path": "/dir/blob"}], "clear": true}
     {"type": "inspect", "id": "i-1"}
     {"type": "shutdown"}
 
@@ -38,9 +40,10 @@ Worker -> host:
      "changed": true, "rolled_back": false}
     {"type": "checkpoint_done", "id": "c-1", "bytes": 5120, "saved": ["df", "f", "np"],
      "lost": [{"name": "sock", "reason": "TypeError: cannot pickle 'socket' object"}],
-     "error": null | "why no file was written"}
-    {"type": "restore_done", "id": "r-1", "restored": ["np", "f", "df"], "lost": [...],
-     "error": null | "why the file could not be read"}
+     "error": null | "why no checkpoint was written", "index": {...},
+     "groups": [{"token": "...", "names": ["df"], "file": "....blob" | null, "bytes": 5000}]}
+    {"type": "restore_done", "id": "r-1", "restored": ["np", "df"], "kept": ["f"],
+     "lost": [...], "error": null | "why the request could not be used"}
     {"type": "inspect_done", "id": "i-1",
      "variables": [{"name": "df", "type": "pandas.core.frame.DataFrame", "size_bytes": 2400}],
      "definitions": [{"name": "f", "kind": "function" | "class" | "lambda", "source": "..."}],
@@ -49,7 +52,8 @@ Worker -> host:
 Every execute request gets exactly one result, after its input requests and displays. The
 modules that make the messages document their fields: execution (results, errors and
 interrupts), changes ("changed" and transactions), display, prompts (input requests),
-checkpoints (checkpoints, their file, restores), inspection, zygote (preload and the zygote).
+checkpoints (checkpoints), versions (groups and what changed), blobfiles (the files), restores,
+inspection, zygote (preload and the zygote).
 
 Ordering: before writing any frame, the worker flushes sys.stdout and sys.stderr (and the
 original ones, should the code have replaced them), so all that the code printed before a frame
@@ -147,7 +151,10 @@ def _stand_in(message, size):
         return dict(message, mime="text/plain", data=note)
     if kind == "input_request":
         return dict(message, prompt=note)
-    if kind != "result":  # checkpoint_done, restore_done, inspect_done: keep half of each list
+    if kind == "checkpoint_done":  # half of its groups would be a checkpoint missing names
+        return {"type": kind, "id": message.get("id"), "bytes": 0, "saved": [], "lost": [],
+                "error": note}
+    if kind != "result":  # restore_done, inspect_done: keep half of each list
         return {key: value[: len(value) // 2] if isinstance(value, list) else value
                 for key, value in message.items()}
     result = message["result"]
