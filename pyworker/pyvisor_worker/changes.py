@@ -52,6 +52,9 @@ _MUTATION_HINT = re.compile(
     r"|\b(?:import|del|def|class|global|nonlocal|await|with|for|while)\b"
 )
 
+# A Python identifier, as far as the names of a namespace go.
+_IDENTIFIER = re.compile(r"[^\W\d]\w*")
+
 # Text without which code defines no function, class or lambda.
 _DEFINES = re.compile(r"\b(?:def|class|lambda)\b")
 
@@ -132,7 +135,12 @@ class Watch:
         return changed, False
 
     def _touched(self):
-        """The names whose values the code could have changed; None when it cannot be told."""
+        """The names whose values the code could have changed; None when it cannot be told.
+
+        From the AST when the cell was parsed anyway; else from every identifier in its
+        text, a superset that spares a parse on the path of every execution."""
+        if not self.cell.parsed:
+            return _reachable_from(set(_IDENTIFIER.findall(self.cell.code)))
         try:
             return _reachable_names(self.cell.tree)
         except Exception:  # the source does not parse: it ran through another path
@@ -244,13 +252,19 @@ def _definitions_in(cell):
 
 def _reachable_names(tree):
     """The names that code of AST `tree` can reach (see Transactions in the docstring)."""
-    namespace = state.namespace
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             names.add(node.id)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             names.update(node.names)
+    return _reachable_from(names)
+
+
+def _reachable_from(names):
+    """`names`, and the global names that the session's functions and classes among them
+    use, transitively."""
+    namespace = state.namespace
     pending, seen = list(names), set()
     while pending:
         for code in _session_code(namespace.get(pending.pop(), state.MISSING)):
