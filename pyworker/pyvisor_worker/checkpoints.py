@@ -186,7 +186,7 @@ class _Plan:
         previous = {tuple(record["names"]): record for record in base}
         # (names, record of the unchanged group or None, record of the group's last version)
         self.groups = []
-        for names in versions.partition(self.values):
+        for names in versions.partition(self.values, touched):
             last = previous.get(tuple(names))
             self.groups.append((names, unchanged(last, names, self.values, touched), last))
 

@@ -26,6 +26,8 @@ MISSING = object()  # the value of a name that is not bound
 touched = set()
 touched_all = False
 checkpoint_records = []
+# name -> (id of its value, the ids of the objects it holds), for long walks (see versions).
+identity_cache = {}
 MAIN_THREAD = threading.get_ident()
 
 # Which execution runs and which wait for the main thread, for the reader thread to route an

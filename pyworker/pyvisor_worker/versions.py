@@ -33,6 +33,7 @@ import zlib
 from pyvisor_worker import state
 
 WALK_BUDGET = 20_000  # objects visited per name when grouping
+_CACHED_WALK = 1_000  # walks that found this many objects are remembered
 REUSE_MIN = 64 * 1024  # smaller blobs are written again every time: cheaper than any doubt
 _SAMPLES = 64  # sampled windows of an array's data in its fingerprint
 _WINDOW = 256  # bytes per sampled window
@@ -77,8 +78,14 @@ def give_back_touched(touched):
         state.touched.update(touched)
 
 
-def partition(values):
-    """Group the names of `values` ({name: value}) by shared objects, in namespace order."""
+def partition(values, touched):
+    """Group the names of `values` ({name: value}) by shared objects, in namespace order.
+
+    The objects a value holds are walked again only when its name was touched (`touched`,
+    None for all) or rebound since the last walk; larger walks are remembered in
+    state.identity_cache, so that a checkpoint after a small change does not walk a big
+    container the change could not reach."""
+    cache, fresh = state.identity_cache, {}
     parent = {name: name for name in values}
 
     def root(name):
@@ -89,12 +96,21 @@ def partition(values):
 
     owner = {}  # id of a shared object -> the first name found holding it
     for name, value in values.items():
-        for key in _identities(value):
+        cached = cache.get(name)
+        untouched = touched is not None and name not in touched
+        if cached is not None and cached[0] == id(value) and untouched:
+            identities = cached[1]
+        else:
+            identities = _identities(value)
+        if len(identities) >= _CACHED_WALK:
+            fresh[name] = (id(value), identities)
+        for key in identities:
             first = owner.setdefault(key, name)
             if first != name:
                 a, b = root(first), root(name)
                 if a != b:
                     parent[b] = a
+    state.identity_cache = fresh
     groups = {}
     for name in values:
         groups.setdefault(root(name), []).append(name)

@@ -358,11 +358,17 @@ pub(super) fn collect_garbage(
     moved
 }
 
-/// The bytes that the blobs of `blobs_dir` take.
+/// The bytes that the blobs of `blobs_dir` take (a blob being compressed counts once it is).
 pub(super) fn usage(blobs_dir: &Path) -> u64 {
     fs::read_dir(blobs_dir).map_or(0, |entries| {
         entries
             .flatten()
+            .filter(|entry| {
+                !entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(COMPRESSING_PREFIX)
+            })
             .filter_map(|entry| entry.metadata().ok())
             .filter(|meta| meta.is_file())
             .map(|meta| meta.len())
