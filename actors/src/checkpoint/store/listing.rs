@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::io_error;
 use crate::checkpoint::blobs::BlobRef;
-use crate::checkpoint::envelope::{read_summary, Envelope};
+use crate::checkpoint::envelope::{read_summary, Envelope, Summary};
 use crate::checkpoint::errors::{CheckpointError, CorruptionError};
 use crate::checkpoint::layout::{
     checkpoint_file_name, parse_checkpoint_file_name, session_dir_name,
@@ -40,11 +40,7 @@ pub(super) fn newest_session_name(dir: &Path) -> Result<Option<String>, Checkpoi
     let dir_name = dir.file_name().and_then(|name| name.to_str());
     for sequence in sequences(dir)? {
         let path = dir.join(checkpoint_file_name(sequence));
-        let summary = File::open(&path)
-            .and_then(|file| Ok((file.metadata()?.len(), file)))
-            .map_err(CorruptionError::Read)
-            .and_then(|(len, mut file)| read_summary(&mut file, len));
-        match summary {
+        match summary_of(&path) {
             Ok(summary)
                 if Some(session_dir_name(&summary.envelope.session).as_str()) == dir_name =>
             {
@@ -135,16 +131,18 @@ pub(super) fn system_time(unix_ms: u64) -> SystemTime {
 pub(super) fn envelopes(dir: &Path) -> Result<Vec<Envelope>, CheckpointError> {
     let mut found = Vec::new();
     for sequence in sequences(dir)? {
-        let path = dir.join(checkpoint_file_name(sequence));
-        let summary = File::open(&path)
-            .and_then(|file| Ok((file.metadata()?.len(), file)))
-            .map_err(CorruptionError::Read)
-            .and_then(|(len, mut file)| read_summary(&mut file, len));
-        if let Ok(summary) = summary {
+        if let Ok(summary) = summary_of(&dir.join(checkpoint_file_name(sequence))) {
             found.push(summary.envelope);
         }
     }
     Ok(found)
+}
+
+/// The checked header and metadata of the checkpoint file at `path`.
+fn summary_of(path: &Path) -> Result<Summary, CorruptionError> {
+    let mut file = File::open(path).map_err(CorruptionError::Read)?;
+    let len = file.metadata().map_err(CorruptionError::Read)?.len();
+    read_summary(&mut file, len)
 }
 
 /// The blob of every group of the retained checkpoints of a session, by the group's token.
