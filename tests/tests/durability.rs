@@ -8,7 +8,7 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pyvisor::{Engine, EngineConfig, ExecutionResult, ExecutionStatus, Session, StateConfig};
-use pyvisor_tests::{engine_with, manual_checkpoints, run, state_dir, within};
+use pyvisor_tests::{engine_with, manual_checkpoints, run, within};
 
 async fn engine_with_state(state: StateConfig) -> Engine {
     engine_with(EngineConfig {
@@ -68,7 +68,9 @@ fn blob_files(dir: &Path) -> Vec<PathBuf> {
 
 #[tokio::test]
 async fn a_state_over_the_checkpoint_limit_says_so_and_a_crash_then_reports_a_fresh_namespace() {
+    let dir = tempfile::tempdir().unwrap();
     let engine = engine_with_state(StateConfig {
+        dir: Some(dir.path().to_owned()),
         max_bytes: Some(10 * 1024 * 1024),
         ..manual_checkpoints()
     })
@@ -113,7 +115,8 @@ async fn a_state_over_the_checkpoint_limit_says_so_and_a_crash_then_reports_a_fr
 
 #[tokio::test]
 async fn names_a_checkpoint_cannot_save_are_named_on_every_result() {
-    let engine = engine_in(&state_dir()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path()).await;
     let session = engine.create_session(Default::default()).await.unwrap();
     ok(
         &session,
@@ -161,8 +164,8 @@ async fn with_checkpoints_off_every_result_says_the_state_is_not_saved() {
 
 #[tokio::test]
 async fn an_unchanged_frame_is_not_written_again_and_checkpoints_share_its_blob() {
-    let dir = state_dir();
-    let engine = engine_in(&dir).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path()).await;
     let session = engine.create_session(Default::default()).await.unwrap();
     ok(
         &session,
@@ -182,7 +185,7 @@ async fn an_unchanged_frame_is_not_written_again_and_checkpoints_share_its_blob(
     let grown = within(session.checkpoint()).await.unwrap();
     assert!(grown.bytes > 3_000_000, "{grown:?}");
 
-    let on_disk: u64 = blob_files(&dir)
+    let on_disk: u64 = blob_files(dir.path())
         .iter()
         .map(|path| std::fs::metadata(path).unwrap().len())
         .sum();
@@ -210,7 +213,8 @@ async fn an_unchanged_frame_is_not_written_again_and_checkpoints_share_its_blob(
 
 #[tokio::test]
 async fn a_mutation_through_an_alias_is_caught_by_the_next_checkpoint() {
-    let engine = engine_in(&state_dir()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path()).await;
     let session = engine.create_session(Default::default()).await.unwrap();
     ok(
         &session,
@@ -238,7 +242,8 @@ async fn a_mutation_through_an_alias_is_caught_by_the_next_checkpoint() {
 
 #[tokio::test]
 async fn names_that_share_objects_share_them_after_a_restore() {
-    let engine = engine_in(&state_dir()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path()).await;
     let session = engine.create_session(Default::default()).await.unwrap();
     ok(
         &session,
@@ -258,7 +263,8 @@ async fn names_that_share_objects_share_them_after_a_restore() {
 
 #[tokio::test]
 async fn restoring_an_older_checkpoint_reloads_only_the_names_that_changed() {
-    let engine = engine_in(&state_dir()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path()).await;
     let session = engine.create_session(Default::default()).await.unwrap();
     ok(
         &session,
@@ -288,9 +294,9 @@ async fn restoring_an_older_checkpoint_reloads_only_the_names_that_changed() {
 
 #[tokio::test]
 async fn blobs_of_pruned_checkpoints_are_removed_and_shared_ones_kept() {
-    let dir = state_dir();
+    let dir = tempfile::tempdir().unwrap();
     let engine = engine_with_state(StateConfig {
-        dir: Some(dir.clone()),
+        dir: Some(dir.path().to_owned()),
         retention: 2,
         ..manual_checkpoints()
     })
@@ -308,12 +314,12 @@ async fn blobs_of_pruned_checkpoints_are_removed_and_shared_ones_kept() {
             .find(|path| std::fs::metadata(path).unwrap().len() > 400_000)
             .cloned()
     };
-    let first = big_blob(&blob_files(&dir)).expect("a blob holds big");
+    let first = big_blob(&blob_files(dir.path())).expect("a blob holds big");
     for x in 1..=3 {
         ok(&session, &format!("x = {x}")).await;
         within(session.checkpoint()).await.unwrap();
     }
-    let files = blob_files(&dir);
+    let files = blob_files(dir.path());
     assert_eq!(
         big_blob(&files),
         Some(first),
@@ -326,7 +332,9 @@ async fn blobs_of_pruned_checkpoints_are_removed_and_shared_ones_kept() {
 
 #[tokio::test]
 async fn a_checkpoint_over_the_disk_cap_fails_clearly_and_the_result_warns() {
+    let dir = tempfile::tempdir().unwrap();
     let engine = engine_with_state(StateConfig {
+        dir: Some(dir.path().to_owned()),
         session_disk_bytes: 1024 * 1024,
         ..manual_checkpoints()
     })
@@ -354,8 +362,8 @@ async fn a_checkpoint_over_the_disk_cap_fails_clearly_and_the_result_warns() {
 
 #[tokio::test]
 async fn a_table_that_compresses_is_stored_compressed_and_comes_back_after_a_crash() {
-    let dir = state_dir();
-    let engine = engine_in(&dir).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path()).await;
     let session = engine.create_session(Default::default()).await.unwrap();
     ok(
         &session,
@@ -368,7 +376,7 @@ async fn a_table_that_compresses_is_stored_compressed_and_comes_back_after_a_cra
     // Compression runs after the checkpoint is durable, on a thread of the store.
     within(async {
         // Done once the raw blob is gone: the compressed one is renamed in first.
-        while !blob_files(&dir)
+        while !blob_files(dir.path())
             .iter()
             .all(|p| p.extension().is_some_and(|e| e == "zst"))
         {
@@ -376,7 +384,7 @@ async fn a_table_that_compresses_is_stored_compressed_and_comes_back_after_a_cra
         }
     })
     .await;
-    let on_disk: u64 = blob_files(&dir)
+    let on_disk: u64 = blob_files(dir.path())
         .iter()
         .map(|path| std::fs::metadata(path).unwrap().len())
         .sum();
@@ -394,7 +402,7 @@ async fn a_table_that_compresses_is_stored_compressed_and_comes_back_after_a_cra
     assert_eq!(back.result.unwrap().repr, "(400000, 9800000, 'category')");
     // What was decompressed for the restore does not stay behind.
     within(async {
-        while std::fs::read_dir(dir.join("sessions"))
+        while std::fs::read_dir(dir.path().join("sessions"))
             .unwrap()
             .flatten()
             .flat_map(|s| std::fs::read_dir(s.path()).unwrap().flatten())
