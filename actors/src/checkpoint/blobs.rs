@@ -15,13 +15,14 @@
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::errors::{CheckpointError, CorruptionError};
+use super::layout::create_private_dir;
 
 /// The directory, inside a session's checkpoint directory, that holds its blobs.
 pub(super) const BLOBS_DIR: &str = "blobs";
@@ -204,11 +205,7 @@ pub(super) fn materialize(
         },
         _ => CorruptionError::Read(err),
     })?;
-    match fs::DirBuilder::new().mode(0o700).create(restore_dir) {
-        Ok(()) => {}
-        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(err) => return Err(CorruptionError::Read(err)),
-    }
+    create_private_dir(restore_dir).map_err(CorruptionError::Read)?;
     let target = restore_dir.join(blob.file_name());
     let mut out = OpenOptions::new()
         .write(true)
@@ -340,14 +337,8 @@ pub(super) fn collect_garbage(
             continue;
         }
         let bytes = entry.metadata().map_or(0, |m| m.len());
-        let outcome = fs::DirBuilder::new()
-            .mode(0o700)
-            .create(trash)
-            .or_else(|err| match err.kind() {
-                io::ErrorKind::AlreadyExists => Ok(()),
-                _ => Err(err),
-            })
-            .and_then(|()| fs::rename(entry.path(), trash.join(&name)));
+        let outcome =
+            create_private_dir(trash).and_then(|()| fs::rename(entry.path(), trash.join(&name)));
         match outcome {
             Ok(()) => moved += bytes,
             Err(err) => {

@@ -4,7 +4,12 @@
 use std::env;
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::fs::DirBuilder;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::errors::CheckpointError;
 
@@ -28,6 +33,25 @@ pub(super) const TEMP_PREFIX: &str = ".partial-";
 
 /// The end of a temporary file's name.
 pub(super) const TEMP_SUFFIX: &str = ".tmp";
+
+/// Creates the directory `path` with mode 0700; one that exists already is fine.
+pub(super) fn create_private_dir(path: &Path) -> io::Result<()> {
+    match DirBuilder::new().mode(0o700).create(path) {
+        Err(err) if err.kind() != io::ErrorKind::AlreadyExists => Err(err),
+        _ => Ok(()),
+    }
+}
+
+/// A name no other call of this process gives: `prefix`, the time and a counter.
+pub(super) fn unique_name(prefix: &str) -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let count = COUNT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{nanos:x}-{count}")
+}
 
 /// The default state directory: `$XDG_STATE_HOME/pyvisor`, else `~/.local/state/pyvisor`.
 ///

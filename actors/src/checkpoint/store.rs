@@ -23,8 +23,8 @@ use super::envelope::{
 };
 use super::errors::{CheckpointError, CorruptionError};
 use super::layout::{
-    checkpoint_file_name, is_session_dir_name, is_temp_file_name, session_dir_name, SESSIONS_DIR,
-    TEMP_PREFIX, TEMP_SUFFIX,
+    checkpoint_file_name, create_private_dir, is_session_dir_name, is_temp_file_name,
+    session_dir_name, unique_name, SESSIONS_DIR, TEMP_PREFIX, TEMP_SUFFIX,
 };
 use super::meta::{
     CheckpointId, CheckpointInfo, CheckpointMeta, LoadedCheckpoint, SkippedCheckpoint,
@@ -235,11 +235,7 @@ impl CheckpointStore {
     ) -> Result<(CheckpointInfo, Vec<BlobRef>), CheckpointError> {
         let blobs_dir = dir.join(BLOBS_DIR);
         if !checkpoint.groups.is_empty() {
-            match DirBuilder::new().mode(0o700).create(&blobs_dir) {
-                Ok(()) => {}
-                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(err) => return Err(io_error("create", &blobs_dir)(err)),
-            }
+            create_private_dir(&blobs_dir).map_err(io_error("create", &blobs_dir))?;
         }
         let retained = retained_groups(session, dir)?;
         let max_state = checkpoint.max_state_bytes.min(self.config.max_bytes as u64);
@@ -573,11 +569,7 @@ impl CheckpointStore {
             decoded.compressed,
         )?;
         let blobs_dir = path.with_file_name(BLOBS_DIR);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        let restore_dir = path.with_file_name(format!("{RESTORE_PREFIX}{nanos:x}"));
+        let restore_dir = path.with_file_name(unique_name(RESTORE_PREFIX));
         let mut groups = Vec::with_capacity(stored_groups.len());
         for group in stored_groups {
             let blob_path = match blobs::materialize(&blobs_dir, &group.blob, &restore_dir) {

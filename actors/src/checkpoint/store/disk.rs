@@ -6,13 +6,12 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::listing::{envelopes, sequences};
 use super::CheckpointStore;
 use crate::checkpoint::blobs::{self, BlobRef, BLOBS_DIR, TRASH_PREFIX};
 use crate::checkpoint::errors::CheckpointError;
-use crate::checkpoint::layout::checkpoint_file_name;
+use crate::checkpoint::layout::{checkpoint_file_name, unique_name};
 use crate::checkpoint::meta::{CheckpointId, CheckpointInfo};
 
 impl CheckpointStore {
@@ -122,11 +121,7 @@ impl CheckpointStore {
         }
         match referenced_blobs(dir) {
             Ok(referenced) => {
-                let nanos = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_nanos();
-                let trash = dir.join(format!("{TRASH_PREFIX}{nanos:x}"));
+                let trash = dir.join(unique_name(TRASH_PREFIX));
                 if blobs::collect_garbage(&blobs_dir, &referenced, &trash) > 0 {
                     remove_in_background(trash);
                 }
@@ -161,14 +156,7 @@ impl CheckpointStore {
             }
         };
         for sequence in sequences.into_iter().skip(self.config.retention.get()) {
-            let path = dir.join(checkpoint_file_name(sequence));
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                Err(err) => {
-                    tracing::warn!(path = %path.display(), error = %err, "cannot prune an old checkpoint")
-                }
-            }
+            remove_if_there(&dir.join(checkpoint_file_name(sequence)));
         }
     }
 }
