@@ -9,6 +9,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pyvisor::{Engine, EngineConfig, ExecutionResult, ExecutionStatus, Session, StateConfig};
 use pyvisor_tests::{engine_with, manual_checkpoints, run, within};
+use tempfile::TempDir;
 
 async fn engine_with_state(state: StateConfig) -> Engine {
     engine_with(EngineConfig {
@@ -18,13 +19,17 @@ async fn engine_with_state(state: StateConfig) -> Engine {
     .await
 }
 
-/// An engine whose sessions checkpoint when asked, in `dir`.
-async fn engine_in(dir: &Path) -> Engine {
-    engine_with_state(StateConfig {
-        dir: Some(dir.to_owned()),
-        ..manual_checkpoints()
+/// A session of a new engine with `state`, kept in a temporary directory that is removed
+/// with the returned guard (the blobs of these tests are megabytes).
+async fn session_with(state: StateConfig) -> (TempDir, Engine, Session) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_with_state(StateConfig {
+        dir: Some(dir.path().to_owned()),
+        ..state
     })
-    .await
+    .await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    (dir, engine, session)
 }
 
 async fn ok(session: &Session, code: &str) -> ExecutionResult {
@@ -68,14 +73,11 @@ fn blob_files(dir: &Path) -> Vec<PathBuf> {
 
 #[tokio::test]
 async fn a_state_over_the_checkpoint_limit_says_so_and_a_crash_then_reports_a_fresh_namespace() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine_with_state(StateConfig {
-        dir: Some(dir.path().to_owned()),
+    let (_dir, _engine, session) = session_with(StateConfig {
         max_bytes: Some(10 * 1024 * 1024),
         ..manual_checkpoints()
     })
     .await;
-    let session = engine.create_session(Default::default()).await.unwrap();
     ok(&session, "big = bytearray(20 * 1024 * 1024)").await;
     let refused = within(session.checkpoint()).await.unwrap_err();
     assert!(refused.to_string().contains("over the limit"), "{refused}");
@@ -115,9 +117,7 @@ async fn a_state_over_the_checkpoint_limit_says_so_and_a_crash_then_reports_a_fr
 
 #[tokio::test]
 async fn names_a_checkpoint_cannot_save_are_named_on_every_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path()).await;
-    let session = engine.create_session(Default::default()).await.unwrap();
+    let (_dir, _engine, session) = session_with(manual_checkpoints()).await;
     ok(
         &session,
         "import socket\nconn = socket.socket()\nkept = [1, 2]",
@@ -164,9 +164,7 @@ async fn with_checkpoints_off_every_result_says_the_state_is_not_saved() {
 
 #[tokio::test]
 async fn an_unchanged_frame_is_not_written_again_and_checkpoints_share_its_blob() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path()).await;
-    let session = engine.create_session(Default::default()).await.unwrap();
+    let (dir, _engine, session) = session_with(manual_checkpoints()).await;
     ok(
         &session,
         "import numpy as np, pandas as pd\n\
@@ -213,9 +211,7 @@ async fn an_unchanged_frame_is_not_written_again_and_checkpoints_share_its_blob(
 
 #[tokio::test]
 async fn a_mutation_through_an_alias_is_caught_by_the_next_checkpoint() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path()).await;
-    let session = engine.create_session(Default::default()).await.unwrap();
+    let (_dir, _engine, session) = session_with(manual_checkpoints()).await;
     ok(
         &session,
         "import numpy as np, pandas as pd\n\
@@ -242,9 +238,7 @@ async fn a_mutation_through_an_alias_is_caught_by_the_next_checkpoint() {
 
 #[tokio::test]
 async fn names_that_share_objects_share_them_after_a_restore() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path()).await;
-    let session = engine.create_session(Default::default()).await.unwrap();
+    let (_dir, _engine, session) = session_with(manual_checkpoints()).await;
     ok(
         &session,
         "items = [1, 2]\nsame = items\nholder = {'items': items}\n\
@@ -263,9 +257,7 @@ async fn names_that_share_objects_share_them_after_a_restore() {
 
 #[tokio::test]
 async fn restoring_an_older_checkpoint_reloads_only_the_names_that_changed() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path()).await;
-    let session = engine.create_session(Default::default()).await.unwrap();
+    let (_dir, _engine, session) = session_with(manual_checkpoints()).await;
     ok(
         &session,
         "import numpy as np, pandas as pd\n\
@@ -294,14 +286,11 @@ async fn restoring_an_older_checkpoint_reloads_only_the_names_that_changed() {
 
 #[tokio::test]
 async fn blobs_of_pruned_checkpoints_are_removed_and_shared_ones_kept() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine_with_state(StateConfig {
-        dir: Some(dir.path().to_owned()),
+    let (dir, _engine, session) = session_with(StateConfig {
         retention: 2,
         ..manual_checkpoints()
     })
     .await;
-    let session = engine.create_session(Default::default()).await.unwrap();
     ok(
         &session,
         "import os\nbig = bytearray(os.urandom(500_000))\nx = 0",
@@ -332,14 +321,11 @@ async fn blobs_of_pruned_checkpoints_are_removed_and_shared_ones_kept() {
 
 #[tokio::test]
 async fn a_checkpoint_over_the_disk_cap_fails_clearly_and_the_result_warns() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine_with_state(StateConfig {
-        dir: Some(dir.path().to_owned()),
+    let (_dir, _engine, session) = session_with(StateConfig {
         session_disk_bytes: 1024 * 1024,
         ..manual_checkpoints()
     })
     .await;
-    let session = engine.create_session(Default::default()).await.unwrap();
     ok(&session, "import os\nsmall = os.urandom(1000)").await;
     let kept = within(session.checkpoint()).await.unwrap();
     ok(&session, "big = bytearray(os.urandom(2 * 1024 * 1024))").await;
@@ -362,9 +348,7 @@ async fn a_checkpoint_over_the_disk_cap_fails_clearly_and_the_result_warns() {
 
 #[tokio::test]
 async fn a_table_that_compresses_is_stored_compressed_and_comes_back_after_a_crash() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path()).await;
-    let session = engine.create_session(Default::default()).await.unwrap();
+    let (dir, _engine, session) = session_with(manual_checkpoints()).await;
     ok(
         &session,
         "import numpy as np, pandas as pd\n\
