@@ -183,6 +183,13 @@ impl Durability {
     pub fn forget_timers(&mut self) {
         self.auto_timer = None;
     }
+
+    /// A checkpoint failed for `reason`: results say so until one succeeds, and the next is
+    /// written whole, since the worker's record of its groups may be ahead of the store.
+    fn checkpoint_failed(&mut self, reason: String) {
+        self.ledger.failed(reason);
+        self.incremental = false;
+    }
 }
 
 impl SessionActor {
@@ -258,8 +265,7 @@ impl SessionActor {
             {
                 remove_dir_later(dir);
                 let reason = format!("no checkpoint within {CHECKPOINT_TIMEOUT:?}");
-                act.durability.ledger.failed(reason.clone());
-                act.durability.incremental = false;
+                act.durability.checkpoint_failed(reason.clone());
                 if let Some(reply) = reply {
                     let _ = reply.send(Err(SessionError::WorkerState {
                         session_id: act.session_id.clone(),
@@ -305,8 +311,7 @@ impl SessionActor {
         if let Some(reason) = report.error {
             remove_dir_later(dir);
             tracing::warn!(session = %self.session_id, %reason, "checkpoint failed in the worker");
-            self.durability.ledger.failed(reason.clone());
-            self.durability.incremental = false;
+            self.durability.checkpoint_failed(reason.clone());
             if let Some(reply) = reply {
                 let _ = reply.send(Err(SessionError::WorkerState {
                     session_id: self.session_id.clone(),
@@ -372,8 +377,7 @@ impl SessionActor {
             };
             if let Err(err) = &outcome {
                 tracing::warn!(session = %act.session_id, error = %err, "checkpoint not stored");
-                act.durability.ledger.failed(checkpoint_failure(err));
-                act.durability.incremental = false;
+                act.durability.checkpoint_failed(checkpoint_failure(err));
             }
             if let Some(reply) = reply {
                 let _ = reply.send(outcome);
@@ -554,7 +558,7 @@ fn checkpoint_failure(err: &SessionError) -> String {
 }
 
 /// `bytes` in megabytes, for a message.
-pub(crate) fn megabytes(bytes: u64) -> String {
+fn megabytes(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
