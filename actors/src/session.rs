@@ -271,6 +271,7 @@ impl SessionActor {
             code: queued.request.code.clone(),
             repr_limit: self.setup.limits.result_repr_bytes,
             transaction: queued.request.transaction,
+            facts: false,
         };
         if let Err(err) = worker.writer.send(&frame) {
             // Size was checked on enqueue; anything else means the frame cannot be built.

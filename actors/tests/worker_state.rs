@@ -70,6 +70,7 @@ fn execute_message(id: &str, code: &str, transaction: Transaction) -> HostMessag
         code: code.into(),
         repr_limit: 65536,
         transaction,
+        facts: false,
     }
 }
 
@@ -92,6 +93,7 @@ async fn result_of(worker: &mut Worker, wanted: &str) -> Outcome {
             error,
             changed,
             rolled_back,
+            ..
         } if id == wanted => Outcome {
             status,
             result,

@@ -61,6 +61,7 @@ async fn execute(worker: &mut Worker, code: &str) -> Outcome {
             code: code.into(),
             repr_limit: 65536,
             transaction: Default::default(),
+            facts: false,
         })
         .expect("the code fits in a frame");
     let mut stdout = Vec::new();
@@ -213,6 +214,7 @@ async fn forked_worker_is_interrupted_like_a_spawned_one() {
             code: "import time\nprint('sleeping', flush=True)\ntime.sleep(60)".into(),
             repr_limit: 1024,
             transaction: Default::default(),
+            facts: false,
         })
         .unwrap();
     let outcome = tokio::time::timeout(PATIENCE, async {

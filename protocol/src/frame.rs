@@ -110,6 +110,7 @@ mod tests {
             code: code.into(),
             repr_limit: 64,
             transaction: Default::default(),
+            facts: false,
         }
     }
 

@@ -15,7 +15,8 @@ pub mod messages;
 pub use errors::FrameError;
 pub use frame::{encode_frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER_BYTES};
 pub use messages::{
-    CheckpointGroup, Definition, ErrorInfo, HostMessage, LostName, RestoreGroup, ResultValue,
-    Rlimit, RlimitResource, Transaction, Variable, WorkerMessage, WorkerStatus, ZygoteReply,
-    ZygoteRequest, PROTOCOL_VERSION,
+    CellFacts, CheckpointGroup, ColumnSummary, Definition, DisplayItem, ErrorInfo, FileStamp,
+    HostMessage, LostName, NameStamp, ObjectSummary, RestoreGroup, ResultValue, Rlimit,
+    RlimitResource, SpeculativeOutcome, Transaction, Variable, WorkerMessage, WorkerStatus,
+    ZygoteReply, ZygoteRequest, PROTOCOL_VERSION,
 };

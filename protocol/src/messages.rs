@@ -24,6 +24,9 @@ pub enum HostMessage {
         /// What happens to the namespace when the code fails.
         #[serde(default)]
         transaction: Transaction,
+        /// Report what the cell did ([`CellFacts`]) with its result.
+        #[serde(default)]
+        facts: bool,
     },
     /// Interrupt the execution `id`: `KeyboardInterrupt` in its code if it runs, or, if the
     /// worker has it but has not started it, a `KeyboardInterrupt` result without running it.
@@ -58,6 +61,147 @@ pub enum HostMessage {
     },
     /// Describe the namespace; answered at once, also while code runs.
     Inspect { id: String },
+    /// Run predicted snippets, in order, in a forked child of the worker (between
+    /// executions): the session's namespace is never touched. Each snippet is answered by a
+    /// [`WorkerMessage::Speculated`] as soon as it is done, then the speculation by one
+    /// [`WorkerMessage::SpeculationDone`]. A later snippet sees the child's state after the
+    /// earlier ones (a predicted `df = ...` then `df.head()`). The worker kills the child when
+    /// an `execute` or `restore` arrives, on `cancel_speculation`, or when it has used
+    /// `cpu_ms` of CPU time.
+    Speculate {
+        id: String,
+        snippets: Vec<String>,
+        repr_limit: usize,
+        /// Longest stdout plus stderr of one snippet that can be cached, in bytes.
+        output_limit: usize,
+        cpu_ms: u64,
+    },
+    /// Kill the child of speculation `id` if it still runs.
+    CancelSpeculation { id: String },
+    /// The host is about to answer `code` from the cache: check that everything the
+    /// speculative run read is as it was (`reads`, `files`, `ambient`) and, if so, count the
+    /// answer as an execution of the session (its cell number, its source for tracebacks).
+    Adopt {
+        id: String,
+        code: String,
+        reads: Vec<NameStamp>,
+        files: Vec<FileStamp>,
+        ambient: String,
+    },
+}
+
+/// A name and the content fingerprint of its value (`None`: the name was not bound).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NameStamp {
+    pub name: String,
+    pub fingerprint: Option<String>,
+}
+
+/// A file that code opened for reading, as it was then.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FileStamp {
+    /// Absolute path.
+    pub path: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub inode: u64,
+}
+
+/// What one execution did, for the proactive engine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CellFacts {
+    /// Global names the cell's code loads.
+    pub reads: Vec<String>,
+    /// Names the execution added, rebound or removed.
+    pub binds: Vec<String>,
+    /// Names whose values the execution may have changed in place, aliases included
+    /// (other names bound to the same objects); `None` when it cannot be told (any name).
+    pub touched: Option<Vec<String>>,
+    /// Files the code opened for reading.
+    pub files: Vec<FileStamp>,
+    /// Token of the state outside the namespace that changes what code prints (pandas and
+    /// numpy display options, the working directory); equal tokens, equal outputs.
+    pub ambient: String,
+    /// Summaries of the data objects the cell bound or touched, bounded in number and size.
+    pub objects: Vec<ObjectSummary>,
+    /// Whether the cell is a single expression with no assignment, call of the session's own
+    /// code, or other effect the static purity guard refuses.
+    pub pure: bool,
+    /// Time the worker spent computing these facts.
+    pub cost_ms: f64,
+}
+
+/// A bounded description of one data object of the namespace.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ObjectSummary {
+    pub name: String,
+    /// `DataFrame`, `Series`, `ndarray`, `list`, `dict`, `int`, ... (the type's own name).
+    pub kind: String,
+    /// `pandas`, `numpy`, `builtins`, ... (the type's top-level module).
+    pub module: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub len: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shape: Vec<u64>,
+    /// For a DataFrame, its columns (at most 200); for a Series, itself as one column.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<ColumnSummary>,
+    /// Type name of a pandas index (`RangeIndex`, `DatetimeIndex`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<String>,
+}
+
+/// One column of a frame (or a Series).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ColumnSummary {
+    /// The label as `str()` gives it; `label_is_str` says whether it is a string label.
+    pub name: String,
+    pub label_is_str: bool,
+    pub dtype: String,
+    /// Missing values (estimated from a sample on large frames).
+    pub nulls: u64,
+    /// Distinct values (estimated from a sample on large frames).
+    pub distinct: u64,
+}
+
+/// What a speculative run of one snippet produced, as a real execution would have.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeculativeOutcome {
+    pub status: WorkerStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub result: Option<ResultValue>,
+    #[serde(default)]
+    pub display: Vec<DisplayItem>,
+    pub error: Option<ErrorInfo>,
+    /// Whether the answer may be served for a real request: the snippet passed the purity
+    /// guard before and after its run (nothing rebound, what it read unchanged), wrote no
+    /// warning, and its output is whole UTF-8 within `output_limit`.
+    pub servable: bool,
+    /// Why it may not be served, when it may not.
+    #[serde(default)]
+    pub refusal: Option<String>,
+    /// The global names the snippet read, fingerprinted before it ran.
+    #[serde(default)]
+    pub reads: Vec<NameStamp>,
+    #[serde(default)]
+    pub files: Vec<FileStamp>,
+    /// The ambient token (see [`CellFacts::ambient`]) when it ran.
+    #[serde(default)]
+    pub ambient: String,
+    /// Names the snippet bound (a predicted assignment; later snippets build on it).
+    #[serde(default)]
+    pub binds: Vec<String>,
+    pub cpu_ms: f64,
+    pub duration_ms: f64,
+}
+
+/// A display of a speculative run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DisplayItem {
+    pub mime: String,
+    pub data: String,
 }
 
 /// One group of names of a checkpoint to restore, and the file that holds its values.
@@ -127,6 +271,30 @@ pub enum WorkerMessage {
         /// Whether a failed `rollback_on_failure` execution put the namespace back.
         #[serde(default)]
         rolled_back: bool,
+        /// What the cell did, when the request asked for facts.
+        #[serde(default)]
+        facts: Option<Box<CellFacts>>,
+    },
+    /// Snippet `index` of speculation `id` is done.
+    Speculated {
+        id: String,
+        index: usize,
+        outcome: Box<SpeculativeOutcome>,
+    },
+    /// Speculation `id` is over: its child has exited and is reaped. `ending` is `finished`,
+    /// `cancelled`, `cpu_limit` or `crashed: <how>`; `cpu_ms` is the child's CPU time
+    /// (user + system, from its rusage).
+    SpeculationDone {
+        id: String,
+        ending: String,
+        cpu_ms: f64,
+    },
+    /// The answer to an `adopt`: `fresh` when the cached answer may be served (the worker
+    /// then counted it as an execution), else `reason` says what changed.
+    AdoptDone {
+        id: String,
+        fresh: bool,
+        reason: Option<String>,
     },
     /// The checkpoint `id` is written (or `error` says why not).
     CheckpointDone {
