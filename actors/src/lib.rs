@@ -10,6 +10,7 @@ pub mod execution;
 pub mod limits;
 pub mod metrics;
 pub mod pool;
+pub mod proactive;
 mod running;
 pub mod session;
 pub mod supervisor;

@@ -1,0 +1,5 @@
+//! Proactive computation: predicting a session's next code, running it speculatively in a
+//! fork of the worker while the session is idle, and answering from that result when the
+//! request arrives, only when a real run would have answered the same.
+
+pub mod predict;
