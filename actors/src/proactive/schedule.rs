@@ -1,0 +1,232 @@
+//! Which predictions to compute, under a CPU grant: a dependency graph walked for the best
+//! expected saving per CPU millisecond.
+//!
+//! Predictions form a DAG (`petgraph`): an edge A → B when B reads what A would produce (a
+//! predicted `df = pd.read_csv(...)`, then `df.head()` on the state after it). Taking B means
+//! taking its ancestors, whose cost counts against B. The walk repeatedly takes the node with
+//! the highest `probability × saving / cost of what is not taken yet of its chain` that still
+//! fits the grant, and returns what it took best first, each chain's untaken ancestors just
+//! before it in topological order, so a child runs every parent before its dependants and
+//! the likeliest answers first, should it be killed half way.
+
+use petgraph::algo::toposort;
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use petgraph::Direction;
+
+/// A prediction as the scheduler sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    /// Chance that the session runs it next.
+    pub probability: f64,
+    /// Expected CPU (and wall) milliseconds of running it.
+    pub cost_ms: f64,
+    /// Index of the candidate it builds on, if any.
+    pub after: Option<usize>,
+}
+
+/// Milliseconds charged for a snippet that costs less, so that free-looking snippets do not
+/// crowd out the grant.
+const MIN_COST_MS: f64 = 0.5;
+
+/// The candidates to run, as indices into `candidates`, best first and parents before
+/// dependants, whose
+/// total cost fits `grant_ms`. A candidate on a cycle or naming a missing parent is left out.
+pub fn plan(candidates: &[Candidate], grant_ms: f64) -> Vec<usize> {
+    let mut graph = StableDiGraph::<usize, ()>::with_capacity(candidates.len(), candidates.len());
+    let nodes: Vec<NodeIndex> = (0..candidates.len()).map(|i| graph.add_node(i)).collect();
+    for (i, candidate) in candidates.iter().enumerate() {
+        if let Some(parent) = candidate.after {
+            match nodes.get(parent) {
+                Some(&from) if parent != i => {
+                    graph.add_edge(from, nodes[i], ());
+                }
+                _ => {
+                    graph.remove_node(nodes[i]);
+                }
+            }
+        }
+    }
+    let order = match toposort(&graph, None) {
+        Ok(order) => order,
+        Err(cycle) => {
+            // Drop one node of the cycle at a time until none is left.
+            let mut graph = graph;
+            graph.remove_node(cycle.node_id());
+            return plan_acyclic(&graph, candidates, grant_ms);
+        }
+    };
+    take_best(&graph, &order, candidates, grant_ms)
+}
+
+fn plan_acyclic(
+    graph: &StableDiGraph<usize, ()>,
+    candidates: &[Candidate],
+    grant_ms: f64,
+) -> Vec<usize> {
+    match toposort(graph, None) {
+        Ok(order) => take_best(graph, &order, candidates, grant_ms),
+        Err(cycle) => {
+            let mut graph = graph.clone();
+            graph.remove_node(cycle.node_id());
+            plan_acyclic(&graph, candidates, grant_ms)
+        }
+    }
+}
+
+fn cost(candidate: &Candidate) -> f64 {
+    candidate.cost_ms.max(MIN_COST_MS)
+}
+
+/// The greedy walk over an acyclic `graph` whose topological order is `order`.
+fn take_best(
+    graph: &StableDiGraph<usize, ()>,
+    order: &[NodeIndex],
+    candidates: &[Candidate],
+    grant_ms: f64,
+) -> Vec<usize> {
+    let mut taken = vec![false; candidates.len()];
+    let mut planned = Vec::new();
+    let mut left = grant_ms;
+    loop {
+        let mut best: Option<(f64, Vec<NodeIndex>, f64)> = None;
+        for &node in order {
+            let index = graph[node];
+            if taken[index] {
+                continue;
+            }
+            let chain = untaken_chain(graph, node, &taken);
+            let chain_cost: f64 = chain.iter().map(|&n| cost(&candidates[graph[n]])).sum();
+            if chain_cost > left {
+                continue;
+            }
+            let candidate = &candidates[index];
+            let score = candidate.probability * cost(candidate) / chain_cost;
+            if best.as_ref().is_none_or(|(top, _, _)| score > *top) {
+                best = Some((score, chain, chain_cost));
+            }
+        }
+        let Some((_, chain, chain_cost)) = best else {
+            break;
+        };
+        for &node in order.iter().filter(|node| chain.contains(node)) {
+            taken[graph[node]] = true;
+            planned.push(graph[node]);
+        }
+        left -= chain_cost;
+    }
+    planned
+}
+
+/// `node` and its ancestors that are not taken yet.
+fn untaken_chain(
+    graph: &StableDiGraph<usize, ()>,
+    node: NodeIndex,
+    taken: &[bool],
+) -> Vec<NodeIndex> {
+    let mut chain = vec![node];
+    let mut pending = vec![node];
+    while let Some(current) = pending.pop() {
+        for parent in graph.neighbors_directed(current, Direction::Incoming) {
+            if !taken[graph[parent]] && !chain.contains(&parent) {
+                chain.push(parent);
+                pending.push(parent);
+            }
+        }
+    }
+    chain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(probability: f64, cost_ms: f64) -> Candidate {
+        Candidate {
+            probability,
+            cost_ms,
+            after: None,
+        }
+    }
+
+    fn total_cost(candidates: &[Candidate], plan: &[usize]) -> f64 {
+        plan.iter().map(|&i| cost(&candidates[i])).sum()
+    }
+
+    #[test]
+    fn the_plan_fits_the_grant() {
+        let candidates: Vec<Candidate> = (0..50)
+            .map(|i| leaf(1.0 / (i + 1) as f64, 3.0 + (i % 7) as f64))
+            .collect();
+        for grant in [0.0, 1.0, 10.0, 25.0, 100.0, 1000.0] {
+            let plan = plan(&candidates, grant);
+            assert!(
+                total_cost(&candidates, &plan) <= grant,
+                "grant {grant}: {plan:?}"
+            );
+        }
+        assert_eq!(plan(&candidates, 1e9).len(), 50);
+    }
+
+    #[test]
+    fn the_best_saving_per_millisecond_goes_first() {
+        // Same saving (probability × cost) for 0 and 1; 2 saves most per millisecond.
+        let candidates = [leaf(0.1, 100.0), leaf(0.5, 20.0), leaf(0.9, 2.0)];
+        assert_eq!(plan(&candidates, 3.0), vec![2]);
+        assert_eq!(plan(&candidates, 22.0), vec![2, 1]);
+    }
+
+    #[test]
+    fn a_dependant_brings_its_parent_and_comes_after_it() {
+        let candidates = [
+            leaf(0.9, 1.0),
+            Candidate {
+                probability: 0.05,
+                cost_ms: 40.0,
+                after: None,
+            },
+            Candidate {
+                probability: 0.8,
+                cost_ms: 2.0,
+                after: Some(1),
+            },
+        ];
+        let plan = plan(&candidates, 50.0);
+        let parent = plan
+            .iter()
+            .position(|&i| i == 1)
+            .expect("the parent is taken");
+        let child = plan
+            .iter()
+            .position(|&i| i == 2)
+            .expect("the child is taken");
+        assert!(parent < child, "{plan:?}");
+        // Without room for the parent, the child is not taken either.
+        assert_eq!(self::plan(&candidates, 10.0), vec![0]);
+    }
+
+    #[test]
+    fn cycles_and_missing_parents_are_left_out() {
+        let candidates = [
+            Candidate {
+                probability: 0.5,
+                cost_ms: 1.0,
+                after: Some(1),
+            },
+            Candidate {
+                probability: 0.5,
+                cost_ms: 1.0,
+                after: Some(0),
+            },
+            Candidate {
+                probability: 0.5,
+                cost_ms: 1.0,
+                after: Some(9),
+            },
+            leaf(0.5, 1.0),
+        ];
+        let plan = plan(&candidates, 100.0);
+        assert!(plan.contains(&3));
+        assert!(!plan.contains(&2));
+        assert!(!(plan.contains(&0) && plan.contains(&1)), "{plan:?}");
+    }
+}
