@@ -6,6 +6,9 @@
 //! into ranked [`Prediction`]s, and [`Learned`] tunes them from the outcomes.
 
 mod normal;
+mod syntax;
+mod template;
 mod tokens;
 
 pub use normal::{is_single_expression, normalise};
+pub use template::{abstract_cell, instantiate, Filling, Scope, Template};
