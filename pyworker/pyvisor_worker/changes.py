@@ -127,14 +127,14 @@ class Watch:
                 definitions[name] = (kind, source, value)
         changed = self.may_mutate or _rebound(*self.bindings)
         if changed:
-            versions.touch(self._touched())
+            versions.touch(self.touched())
         if changed and definitions:
             for name, (_, _, value) in list(definitions.items()):
                 if namespace.get(name, state.MISSING) is not value:
                     del definitions[name]
         return changed, False
 
-    def _touched(self):
+    def touched(self):
         """The names whose values the code could have changed; None when it cannot be told.
 
         From the AST when the cell was parsed anyway; else from every identifier in its
@@ -267,7 +267,7 @@ def _reachable_from(names):
     namespace = state.namespace
     pending, seen = list(names), set()
     while pending:
-        for code in _session_code(namespace.get(pending.pop(), state.MISSING)):
+        for code in session_code(namespace.get(pending.pop(), state.MISSING)):
             for name in _global_names(code, seen):
                 if name not in names and name in namespace:
                     names.add(name)
@@ -275,7 +275,7 @@ def _reachable_from(names):
     return names
 
 
-def _session_code(value):
+def session_code(value):
     """The code of the session's own functions that using `value` may run."""
     namespace = state.namespace
     if isinstance(value, types.MethodType):

@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 
-from pyvisor_worker import cells, changes, display, protocol, state
+from pyvisor_worker import cells, changes, display, facts, protocol, state
 
 DEFAULT_REPR_LIMIT = 64 * 1024
 
@@ -94,7 +94,7 @@ def _repeat_interrupt(execution_id):
 
 def execute(request):
     """Run one execute request in the session namespace; return its result message."""
-    global _cell_count, _current_interrupted
+    global _current_interrupted
     execution_id = request.get("id")
     code = request.get("code")
     repr_limit = request.get("repr_limit", DEFAULT_REPR_LIMIT)
@@ -106,12 +106,9 @@ def execute(request):
                 state.waiting.pop(execution_id, None)
         problem = "execute request %r needs a code string, an int repr_limit and a transaction"
         raise TypeError(problem % (execution_id,))
-    _cell_count += 1
-    filename = "<cell-%d>" % _cell_count
-    # Tracebacks, inspect and pdb read a cell's source from linecache, as they do a file's.
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    cell = cells.Cell(code, filename)
+    cell = cells.Cell(code, count_cell(code))
     watch = changes.Watch(cell, rollback=transaction == "rollback_on_failure")
+    recorder = facts.Recorder(cell) if request.get("facts") is True else None
     try:
         with state.execution_lock:  # taken up: from here on, an interrupt of it is a SIGINT
             interrupted = type(execution_id) is str and state.waiting.pop(execution_id, False)
@@ -122,7 +119,8 @@ def execute(request):
         if interrupted:  # before it started: it ends without running any code
             raise KeyboardInterrupt
         watch.before_run()  # part of the execution: a SIGINT stops a long snapshot too
-        value, error = _run_cell(cell, repr_limit), None
+        with facts.NOT_RECORDING if recorder is None else recorder.files:
+            value, error = run_cell(cell, repr_limit), None
     except BaseException as exc:
         value, error = None, exc
     finally:
@@ -136,12 +134,14 @@ def execute(request):
         protocol.exit_worker(0 if error is None else 1)
     changed, rolled_back = watch.after_run(error)
     display.show_open_figures(execution_id)
-    if error is None:
-        return result(execution_id, value, None, changed)
-    if isinstance(error, SystemExit):
-        _reopen_stdin()
-    error = _describe_error(error, repr_limit)
-    return result(execution_id, None, error, changed, rolled_back)
+    if error is not None:
+        if isinstance(error, SystemExit):
+            _reopen_stdin()
+        error = describe_error(error, repr_limit)
+    message = result(execution_id, value, error, changed, rolled_back)
+    if recorder is not None:
+        message["facts"] = recorder.facts(watch)
+    return message
 
 
 def result(execution_id, value, error, changed, rolled_back=False):
@@ -157,7 +157,22 @@ def result(execution_id, value, error, changed, rolled_back=False):
     }
 
 
-def _run_cell(cell, repr_limit):
+def count_cell(code):
+    """Count an execution of `code`: its filename, ``<cell-N>``, with its source in linecache."""
+    global _cell_count
+    _cell_count += 1
+    filename = "<cell-%d>" % _cell_count
+    # Tracebacks, inspect and pdb read a cell's source from linecache, as they do a file's.
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    return filename
+
+
+def next_number():
+    """The number N of the next execution's filename, ``<cell-N>``."""
+    return _cell_count + 1
+
+
+def run_cell(cell, repr_limit):
     """Run `cell`; describe the value of a final expression statement, if any."""
     code, filename, namespace = cell.code, cell.filename, state.namespace
     if not cell.parsed:  # Watch.before_run() parses every cell that may end with an expression
@@ -191,7 +206,7 @@ def clip(text, limit):
     return data[: max(limit - 3, 0)].decode("utf-8", "ignore") + "…"
 
 
-def _describe_error(exc, limit):
+def describe_error(exc, limit):
     """The "error" object of a result, for an exception raised by the session's code."""
     if isinstance(exc, SyntaxError) and exc.text is None and exc.filename and exc.lineno:
         # Errors found after parsing ('return' outside function, ...) come without the line.

@@ -11,7 +11,8 @@ import signal
 import sys
 
 from pyvisor_worker import (
-    checkpoints, display, execution, inspection, prompts, protocol, restores, state, zygote,
+    checkpoints, display, execution, inspection, prompts, protocol, restores, state,
+    surroundings, zygote,
 )
 
 _USAGE = "usage: python3 -I -u WORKER_DIRECTORY [--zygote] [--preload MODULE[,MODULE...]]"
@@ -59,6 +60,7 @@ def main(preload=()):
     builtins.display = display.display
     getpass.getpass = prompts.getpass
     os.register_at_fork(after_in_child=execution.after_fork_in_child)
+    surroundings.install()
     # A frame that comes before the reader thread runs waits in the pipe.
     protocol.start_thread(protocol.read_requests, execution.interrupt, inspection.inspect)
     protocol.send({

@@ -22,6 +22,8 @@ Host -> worker:
     {"type": "inspect", "id": "i-1"}
     {"type": "shutdown"}
 
+An execute may also carry "facts": true, for the facts of the cell with its result.
+
 Executions, checkpoints and restores run one at a time on the main thread, in arrival order.
 An inspect or an interrupt is handled at once by the thread that reads the requests, also while
 code runs.
@@ -49,11 +51,15 @@ Worker -> host:
      "definitions": [{"name": "f", "kind": "function" | "class" | "lambda", "source": "..."}],
      "rss_bytes": 31457280 | null}
 
+A result with facts has "facts": {"reads", "binds", "touched", "files", "ambient", "objects",
+"pure", "cost_ms"} besides.
+
 Every execute request gets exactly one result, after its input requests and displays. The
 modules that make the messages document their fields: execution (results, errors and
 interrupts), changes ("changed" and transactions), display, prompts (input requests),
 checkpoints (checkpoints), versions (groups and what changed), blobfiles (the files), restores,
-inspection, zygote (preload and the zygote).
+inspection, zygote (preload and the zygote), facts (cell facts, with summaries, surroundings,
+purity and fingerprints).
 
 Ordering: before writing any frame, the worker flushes sys.stdout and sys.stderr (and the
 original ones, should the code have replaced them), so all that the code printed before a frame
