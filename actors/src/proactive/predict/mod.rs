@@ -5,10 +5,24 @@
 //! training corpus says follows what, [`SessionModel`] turns one session's history and data
 //! into ranked [`Prediction`]s, and [`Learned`] tunes them from the outcomes.
 
+mod candidates;
+mod evaluate;
+mod learn;
+mod learned;
+mod model;
 mod normal;
+pub mod offline;
+mod prediction;
 mod syntax;
+mod table;
 mod template;
 mod tokens;
 
+pub use evaluate::{evaluate, Coverage};
+pub use learn::{Limits, TableBuilder};
+pub use learned::Learned;
+pub use model::{Context, Observed, SessionModel};
 pub use normal::{is_single_expression, normalise};
+pub use prediction::{Prediction, Source, MIN_COST_MS};
+pub use table::{Followers, Rate, Table};
 pub use template::{abstract_cell, instantiate, Filling, Scope, Template};

@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 
 use super::normal::render;
-use super::syntax::{is_keyword, statements};
+use super::syntax::is_keyword;
 use super::tokens::{tokenize, tokenize_template, Kind, Token};
 
 /// The names a cell is abstracted against.
@@ -75,13 +75,6 @@ impl Slot {
 /// Abstracts `code` against `scope`; `None` when it cannot be tokenized.
 pub fn abstract_cell(code: &str, scope: &Scope) -> Option<Template> {
     tokenize(code).map(|tokens| abstract_tokens(&tokens, scope))
-}
-
-/// Abstracts the last simple statement of `code` on its own.
-pub fn abstract_last_statement(code: &str, scope: &Scope) -> Option<Template> {
-    let tokens = tokenize(code)?;
-    let last = statements(&tokens).last().map(|s| s.to_vec())?;
-    Some(abstract_tokens(&last, scope))
 }
 
 /// [`abstract_cell`] on tokens.

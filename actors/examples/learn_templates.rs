@@ -1,0 +1,83 @@
+//! Learns the predictor's template table from the training corpus.
+//!
+//! ```sh
+//! cargo run --release -p pyvisor-actors --example learn_templates -- \
+//!     ../shared/traces-train/sequences --out actors/src/proactive/predict/templates.json \
+//!     [--hold-out owner.repo,...]
+//! ```
+//!
+//! The input is a folder of training sequences (facts read from the code, CSV headers from
+//! the `data` folder beside it) or a facts trace (`.jsonl`, one executed cell a line).
+//! Sequences of held-out repositories are left out of the counts.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use pyvisor_actors::proactive::predict::offline::{load, repository};
+use pyvisor_actors::proactive::predict::{Limits, TableBuilder};
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let mut input: Option<PathBuf> = None;
+    let mut out: Option<PathBuf> = None;
+    let mut hold_out: Vec<String> = Vec::new();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--out" => out = args.next().map(PathBuf::from),
+            "--hold-out" => {
+                hold_out = args
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(str::to_string)
+                    .collect()
+            }
+            _ if input.is_none() => input = Some(PathBuf::from(arg)),
+            _ => return usage(&format!("unexpected argument {arg}")),
+        }
+    }
+    let (Some(input), Some(out)) = (input, out) else {
+        return usage("an input and --out are needed");
+    };
+    let sequences = match load(&input) {
+        Ok(s) => s,
+        Err(e) => return usage(&format!("failed to read {}: {e}", input.display())),
+    };
+    let limits = Limits::default();
+    let mut builder = TableBuilder::new();
+    let mut used = 0;
+    for cells in &sequences {
+        let held = cells
+            .first()
+            .is_some_and(|c| hold_out.iter().any(|h| h == repository(&c.sequence)));
+        if !held {
+            builder.add_sequence(cells, limits.ranks);
+            used += 1;
+        }
+    }
+    let table = builder.build(&limits);
+    let json = match serde_json::to_string_pretty(&table) {
+        Ok(j) => j,
+        Err(e) => return usage(&format!("failed to serialise the table: {e}")),
+    };
+    if let Err(e) = std::fs::write(&out, json.as_bytes()) {
+        return usage(&format!("failed to write {}: {e}", out.display()));
+    }
+    let followers: usize = table.next.values().map(|f| f.top.len()).sum();
+    eprintln!(
+        "{used} of {} sequences, {} cells: {} contexts, {followers} followers, {} bytes",
+        sequences.len(),
+        table.cells,
+        table.next.len(),
+        json.len()
+    );
+    ExitCode::SUCCESS
+}
+
+fn usage(problem: &str) -> ExitCode {
+    eprintln!("learn_templates: {problem}");
+    eprintln!(
+        "usage: learn_templates SEQUENCES_DIR|FACTS.jsonl --out TABLE.json [--hold-out REPO,...]"
+    );
+    ExitCode::from(2)
+}

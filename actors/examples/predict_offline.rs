@@ -1,0 +1,118 @@
+//! Measures the predictor on recorded sessions: the share of all cells whose normal form is
+//! among the top K guesses made before it.
+//!
+//! ```sh
+//! cargo run --release -p pyvisor-actors --example predict_offline -- \
+//!     /tmp/facts-train.jsonl --hold-out owner.repo,... [--k 10,30,60] [--table TABLE.json]
+//! ```
+//!
+//! Without `--table`, the table is learned from the input's sequences that are not held out,
+//! so held-out figures are honest; with no `--hold-out` they are in-sample.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use pyvisor_actors::proactive::predict::offline::{load, repository, TraceCell};
+use pyvisor_actors::proactive::predict::{
+    evaluate, Coverage, Learned, Limits, Table, TableBuilder,
+};
+
+/// Guesses speculated per idle gap, whose outcomes are recorded.
+const OFFERED: usize = 30;
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let mut input: Option<PathBuf> = None;
+    let mut table_path: Option<PathBuf> = None;
+    let mut hold_out: Vec<String> = Vec::new();
+    let mut ks: Vec<usize> = vec![10, 30, 60];
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--table" => table_path = args.next().map(PathBuf::from),
+            "--hold-out" => hold_out = list(args.next()),
+            "--k" => {
+                ks = list(args.next())
+                    .iter()
+                    .filter_map(|k| k.parse().ok())
+                    .collect()
+            }
+            _ if input.is_none() => input = Some(PathBuf::from(arg)),
+            _ => return usage(&format!("unexpected argument {arg}")),
+        }
+    }
+    let Some(input) = input else {
+        return usage("an input is needed");
+    };
+    let sequences = match load(&input) {
+        Ok(s) => s,
+        Err(e) => return usage(&format!("failed to read {}: {e}", input.display())),
+    };
+    let held = |cells: &&Vec<TraceCell>| {
+        cells
+            .first()
+            .is_some_and(|c| hold_out.iter().any(|h| h == repository(&c.sequence)))
+    };
+    let (test, train): (Vec<Vec<TraceCell>>, Vec<Vec<TraceCell>>) =
+        sequences.iter().cloned().partition(|c| held(&c));
+    let table = match table_path {
+        Some(path) => match std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str::<Table>(&t).map_err(|e| e.to_string()))
+        {
+            Ok(t) => t,
+            Err(e) => return usage(&format!("failed to read {}: {e}", path.display())),
+        },
+        None => {
+            let limits = Limits::default();
+            let mut builder = TableBuilder::new();
+            for cells in &train {
+                builder.add_sequence(cells, limits.ranks);
+            }
+            builder.build(&limits)
+        }
+    };
+    let mut learned = Learned::new();
+    let training = evaluate(&train, &table, &mut learned, &ks, OFFERED);
+    report("training repositories", &training, &ks);
+    if !test.is_empty() {
+        let mut learned = Learned::new();
+        let held_out = evaluate(&test, &table, &mut learned, &ks, OFFERED);
+        report("held-out repositories", &held_out, &ks);
+    }
+    ExitCode::SUCCESS
+}
+
+fn report(title: &str, coverage: &Coverage, ks: &[usize]) {
+    println!(
+        "{title}: {} cells, {} single expressions ({:.1}%)",
+        coverage.cells,
+        coverage.single,
+        100.0 * coverage.single as f64 / coverage.cells.max(1) as f64
+    );
+    for k in ks {
+        let sources: Vec<String> = coverage.by_source[k]
+            .iter()
+            .map(|(s, n)| format!("{s} {n}"))
+            .collect();
+        println!(
+            "  coverage@{k}: {:.1}% ({} cells; {})",
+            100.0 * coverage.share(*k),
+            coverage.covered.get(k).copied().unwrap_or(0),
+            sources.join(", ")
+        );
+    }
+}
+
+fn list(arg: Option<String>) -> Vec<String> {
+    arg.unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn usage(problem: &str) -> ExitCode {
+    eprintln!("predict_offline: {problem}");
+    eprintln!("usage: predict_offline FACTS.jsonl|SEQUENCES_DIR [--hold-out REPO,...] [--k 10,30,60] [--table TABLE.json]");
+    ExitCode::from(2)
+}

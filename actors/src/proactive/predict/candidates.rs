@@ -1,0 +1,432 @@
+//! Candidate generation: the session's likely next cells, from its hints, the learned table
+//! (what follows the last cell, what follows binding or changing an object, what sessions
+//! run on objects like these), and its own history, ranked by expected saving.
+
+use std::collections::HashMap;
+
+use super::learned::Learned;
+use super::model::{column_class, Context, SessionModel};
+use super::normal::{normalise, single_expression};
+use super::prediction::{Prediction, Source};
+use super::syntax::assigned;
+use super::table::Table;
+use super::template::{absolute, instantiate, slots, Filling, Slot};
+use super::tokens::tokenize;
+
+/// Below this a table entry is not worth filling.
+const MIN_SHARE: f64 = 1e-4;
+/// Objects tried for one free variable slot, and columns for one free column slot.
+const VAR_CHOICES: usize = 6;
+const COLUMN_CHOICES: usize = 10;
+/// Fillings tried for one template.
+const MAX_FILLINGS: usize = 40;
+/// Guesses built on a hinted assignment.
+const HINT_CHILDREN: usize = 6;
+/// The probability a hint starts with.
+const HINT_PRIOR: f64 = 0.9;
+
+/// A filling of a template's slots under construction.
+#[derive(Debug, Clone)]
+struct Partial {
+    vars: Vec<String>,
+    cols: Vec<String>,
+    owner: Option<String>,
+    fit: f64,
+}
+
+impl Default for Partial {
+    fn default() -> Partial {
+        Partial {
+            vars: Vec::new(),
+            cols: Vec::new(),
+            owner: None,
+            fit: 1.0,
+        }
+    }
+}
+
+/// Guesses accumulated by normal form.
+#[derive(Default)]
+struct Pool {
+    entries: HashMap<String, Entry>,
+}
+
+struct Entry {
+    code: String,
+    template: String,
+    by_source: [f64; 5],
+    cost_ms: f64,
+}
+
+impl Pool {
+    fn add(&mut self, code: String, template: String, source: Source, p: f64, cost_ms: f64) {
+        let Some(normal) = normalise(&code) else {
+            return;
+        };
+        let entry = self.entries.entry(normal).or_insert_with(|| Entry {
+            code,
+            template,
+            by_source: [0.0; 5],
+            cost_ms,
+        });
+        entry.by_source[source as usize] += p;
+    }
+}
+
+impl SessionModel {
+    /// The likeliest next cells, at most `limit`: hints (and what follows a hinted
+    /// assignment) first, then single expressions by expected saving.
+    pub fn predict(&self, table: &Table, learned: &Learned, limit: usize) -> Vec<Prediction> {
+        let mut out = self.hinted(table, learned);
+        let mut pool = Pool::default();
+        self.from_table(table, &mut pool);
+        self.from_history(table, &mut pool);
+        let mut ranked: Vec<Prediction> = pool
+            .entries
+            .into_iter()
+            .filter(|(normal, _)| !out.iter().any(|p| &p.normal == normal))
+            .map(|(normal, e)| {
+                let (source, _) = Source::ALL
+                    .iter()
+                    .map(|&s| (s, e.by_source[s as usize]))
+                    .fold(
+                        (Source::Namespace, -1.0),
+                        |a, b| if b.1 > a.1 { b } else { a },
+                    );
+                let prior = e.by_source.iter().sum::<f64>().min(1.0);
+                let cost_ms = learned
+                    .runtime(&e.template)
+                    .or_else(|| table.runtime_ms.get(&e.template).copied())
+                    .unwrap_or(e.cost_ms);
+                Prediction {
+                    probability: learned.probability(source, &e.template, prior),
+                    code: e.code,
+                    normal,
+                    source,
+                    template: e.template,
+                    cost_ms,
+                    after: None,
+                }
+            })
+            .collect();
+        ranked.sort_by(|a, b| {
+            b.expected_saving()
+                .total_cmp(&a.expected_saving())
+                .then_with(|| a.normal.cmp(&b.normal))
+        });
+        out.extend(ranked);
+        out.truncate(limit);
+        out
+    }
+
+    /// Hints, and for a hinted assignment what usually follows binding its name.
+    fn hinted(&self, table: &Table, learned: &Learned) -> Vec<Prediction> {
+        let mut out: Vec<Prediction> = Vec::new();
+        for code in &self.hints {
+            let Some(tokens) = tokenize(code) else {
+                continue;
+            };
+            let Some(normal) = normalise(code) else {
+                continue;
+            };
+            if out.iter().any(|p| p.normal == normal) {
+                continue;
+            }
+            let parent = out.len();
+            let probability = learned.probability(Source::Hint, &normal, HINT_PRIOR);
+            out.push(Prediction {
+                code: code.clone(),
+                normal: normal.clone(),
+                source: Source::Hint,
+                template: normal,
+                probability,
+                cost_ms: self.default_cost(&[]),
+                after: None,
+            });
+            if single_expression(&tokens) {
+                continue;
+            }
+            let Some(name) = assigned(&tokens).pop() else {
+                continue;
+            };
+            let reads_data = tokens.iter().any(|t| t.text.starts_with("read_"));
+            let key = if reads_data { "b:F" } else { "b:?" };
+            let Some(followers) = table.next.get(key).or_else(|| table.next.get("b:?")) else {
+                continue;
+            };
+            let prev = [name];
+            let children = followers
+                .top
+                .iter()
+                .filter(|(rel, _)| slots(rel).iter().all(|s| s.prev && !s.column))
+                .filter_map(|(rel, count)| {
+                    let filling = Filling {
+                        prev_vars: &prev,
+                        ..Filling::default()
+                    };
+                    let code = instantiate(rel, &filling)?;
+                    let share = f64::from(*count) / f64::from(followers.total.max(1));
+                    Some((code, absolute(rel), share))
+                })
+                .take(HINT_CHILDREN);
+            for (code, template, share) in children.collect::<Vec<_>>() {
+                let Some(normal) = normalise(&code) else {
+                    continue;
+                };
+                if out.iter().any(|p| p.normal == normal) {
+                    continue;
+                }
+                out.push(Prediction {
+                    code,
+                    normal,
+                    source: Source::Hint,
+                    probability: learned.probability(Source::Hint, &template, probability * share),
+                    template,
+                    cost_ms: self.default_cost(&[]),
+                    after: Some(parent),
+                });
+            }
+        }
+        out
+    }
+
+    /// Learned successors of each context of the last cell, backing off from the most
+    /// specific context to the unconditional frequencies.
+    fn from_table(&self, table: &Table, pool: &mut Pool) {
+        let mut mass = 1.0;
+        for context in self.contexts() {
+            let Some(followers) = table.next.get(&context.key) else {
+                continue;
+            };
+            let unconditional = context.key == "u";
+            let weight = if unconditional {
+                1.0
+            } else {
+                followers.weight()
+            };
+            let share = mass * weight;
+            mass *= 1.0 - weight;
+            let total = f64::from(followers.total.max(1));
+            for (rel, count) in &followers.top {
+                let p = share * f64::from(*count) / total;
+                if p < MIN_SHARE {
+                    break;
+                }
+                let source = match context.key.split(':').next() {
+                    Some("u") => Source::Namespace,
+                    Some("b") if rel == "$p0" => Source::Display,
+                    _ => Source::Template,
+                };
+                let template = absolute(rel);
+                for (code, fit, cost) in self.fillings(rel, &template, &context, table) {
+                    pool.add(code, template.clone(), source, p * fit, cost);
+                }
+            }
+        }
+    }
+
+    /// What this session ran on one object, run on a newer object of the same kind.
+    fn from_history(&self, table: &Table, pool: &mut Pool) {
+        let p = table.history.smoothed(50.0);
+        for (code, template, cost) in self.history_guesses() {
+            pool.add(code, template, Source::History, p, cost);
+        }
+    }
+
+    /// The guesses of the history source: code, template, default cost.
+    pub(super) fn history_guesses(&self) -> Vec<(String, String, f64)> {
+        let mut out = Vec::new();
+        for past in self.history.iter().rev().take(16) {
+            let [name] = past.template.vars.as_slice() else {
+                continue;
+            };
+            if !past.single || !past.ok {
+                continue;
+            }
+            let kind = self.kind(name);
+            for other in self.recency.iter().take(4) {
+                let newer = self.bound_at.get(other).is_some_and(|&at| at > past.seq);
+                let already = self.history.iter().any(|h| {
+                    h.template.key == past.template.key && h.template.vars.first() == Some(other)
+                });
+                if other == name || !newer || already || self.kind(other) != kind {
+                    continue;
+                }
+                let has_columns = past
+                    .template
+                    .cols
+                    .iter()
+                    .all(|c| self.ranked_columns(other).iter().any(|col| &col.name == c));
+                if !has_columns {
+                    continue;
+                }
+                let vars = [other.clone()];
+                let filling = Filling {
+                    vars: &vars,
+                    cols: &past.template.cols,
+                    ..Filling::default()
+                };
+                if let Some(code) = instantiate(&past.template.key, &filling) {
+                    let cost = self.default_cost(&vars);
+                    out.push((code, past.template.key.clone(), cost));
+                }
+            }
+        }
+        out
+    }
+
+    /// The ways to fill the free slots of `rel` in this session, each with its code, how
+    /// well it fits (learned shares of ranks, kinds and column classes) and its default cost.
+    fn fillings(
+        &self,
+        rel: &str,
+        template: &str,
+        context: &Context,
+        table: &Table,
+    ) -> Vec<(String, f64, f64)> {
+        let slots = slots(rel);
+        // Each partial filling: free variables, free columns, the frame the next column
+        // slot belongs to (the last variable filled), and its fit.
+        let mut partial: Vec<Partial> = vec![Partial::default()];
+        let mut first_var = true;
+        for slot in &slots {
+            let mut next = Vec::new();
+            for part in &partial {
+                let choices = self.slot_choices(*slot, part, context, table, template, first_var);
+                for (name, fit) in choices {
+                    let mut part = part.clone();
+                    part.fit *= fit;
+                    match (slot.prev, slot.column) {
+                        (true, false) => part.owner = Some(name),
+                        (true, true) => {}
+                        (false, true) => part.cols.push(name),
+                        (false, false) => {
+                            part.owner = Some(name.clone());
+                            part.vars.push(name);
+                        }
+                    }
+                    next.push(part);
+                }
+            }
+            next.sort_by(|a, b| b.fit.total_cmp(&a.fit));
+            next.truncate(MAX_FILLINGS);
+            partial = next;
+            first_var &= slot.column;
+        }
+        partial
+            .into_iter()
+            .filter_map(|part| {
+                let filling = Filling {
+                    prev_vars: &context.vars,
+                    prev_cols: &context.cols,
+                    vars: &part.vars,
+                    cols: &part.cols,
+                };
+                let code = instantiate(rel, &filling)?;
+                let single = tokenize(&code).is_some_and(|t| single_expression(&t));
+                let named: Vec<String> = part.vars.iter().chain(&context.vars).cloned().collect();
+                single.then(|| (code, part.fit, self.default_cost(&named)))
+            })
+            .collect()
+    }
+
+    /// The names that may fill one slot, with how well each fits.
+    fn slot_choices(
+        &self,
+        slot: Slot,
+        part: &Partial,
+        context: &Context,
+        table: &Table,
+        template: &str,
+        first_var: bool,
+    ) -> Vec<(String, f64)> {
+        match (slot.prev, slot.column) {
+            (true, false) => match context.vars.get(slot.index) {
+                Some(name) if first_var => {
+                    vec![(name.clone(), table.kind_fit(template, self.kind(name)))]
+                }
+                Some(name) => vec![(name.clone(), 1.0)],
+                None => Vec::new(),
+            },
+            (true, true) => match context.cols.get(slot.index) {
+                Some(label) => vec![(label.clone(), 1.0)],
+                None => Vec::new(),
+            },
+            (false, false) => self
+                .recency
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| !context.vars.contains(n) && !part.vars.contains(n))
+                .take(VAR_CHOICES)
+                .map(|(rank, name)| {
+                    let fit = if first_var {
+                        table.kind_fit(template, self.kind(name))
+                    } else {
+                        1.0
+                    };
+                    (name.clone(), table.var_rank(rank) * fit)
+                })
+                .collect(),
+            (false, true) => {
+                let Some(owner) = part.owner.clone().or_else(|| self.recency.first().cloned())
+                else {
+                    return Vec::new();
+                };
+                let rows = self.objects.get(&owner).and_then(|o| o.len);
+                self.ranked_columns(&owner)
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, c)| !context.cols.contains(&c.name))
+                    .take(COLUMN_CHOICES)
+                    .map(|(rank, column)| {
+                        let class = column_class(column, rows);
+                        let fit = table
+                            .class_fit(template, &class)
+                            .unwrap_or_else(|| fallback_class_fit(template, &class));
+                        (column.name.clone(), table.col_rank(rank) * fit)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// A runtime estimate from the size of the objects a guess reads.
+    fn default_cost(&self, names: &[String]) -> f64 {
+        let cells: u64 = names
+            .iter()
+            .filter_map(|n| self.objects.get(n))
+            .map(|o| match o.shape.as_slice() {
+                [rows, cols, ..] => rows * cols,
+                [rows] => *rows,
+                [] => o.len.unwrap_or(1),
+            })
+            .sum();
+        1.0 + cells as f64 * 2e-5
+    }
+}
+
+/// Column fit where the table learned none: listing the values of a column is only worth it
+/// when there are few; reductions want numbers.
+fn fallback_class_fit(template: &str, class: &str) -> f64 {
+    let listing = ["value_counts(", "unique(", "nunique("]
+        .iter()
+        .any(|m| template.contains(m));
+    let reducing = [
+        "mean(",
+        "sum(",
+        "describe(",
+        "std(",
+        "median(",
+        "max(",
+        "min(",
+    ]
+    .iter()
+    .any(|m| template.contains(m));
+    if listing && class.ends_with("high") {
+        0.0
+    } else if reducing && !class.starts_with("num") && !class.starts_with('?') {
+        0.3
+    } else {
+        1.0
+    }
+}
