@@ -13,37 +13,10 @@ use pyvisor_protocol::{
 };
 
 mod common;
+mod frames;
 
-use common::{python_has, spec, PATIENCE};
-
-async fn start() -> Worker {
-    Worker::start(&spec(&[], None))
-        .await
-        .expect("the worker starts")
-}
-
-fn send(worker: &Worker, message: HostMessage) {
-    worker
-        .writer
-        .send(&message)
-        .expect("the message fits in a frame");
-}
-
-/// The next frame from the worker, skipping its output.
-async fn next_message(worker: &mut Worker) -> WorkerMessage {
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            match worker.events.recv().await.expect("the worker is alive") {
-                WorkerEvent::Message(message) => return message,
-                WorkerEvent::Exited(status) => panic!("the worker exited ({status:?})"),
-                WorkerEvent::ProtocolError(reason) => panic!("protocol error: {reason}"),
-                WorkerEvent::Output { .. } => {}
-            }
-        }
-    })
-    .await
-    .expect("the worker answers")
-}
+use common::{python_has, PATIENCE};
+use frames::{next_message, send, start};
 
 /// Waits until the worker has printed `marker` on stdout.
 async fn printed(worker: &mut Worker, marker: &str) {

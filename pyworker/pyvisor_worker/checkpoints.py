@@ -91,14 +91,7 @@ def _checkpoint_in_child(checkpoint_id, directory, plan, max_bytes):
     except OSError:
         return False
     try:
-        if sys.version_info < (3, 12):
-            pid = os.fork()
-        else:  # which warns of fork() in a process with threads, on the code's stderr
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
+        pid = execution.fork()
     except OSError:
         os.close(report_read)
         os.close(report_write)

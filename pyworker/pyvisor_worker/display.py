@@ -3,7 +3,8 @@
 The session's code has ``display(*objs)`` as a builtin, sending the richest of _repr_png_,
 _repr_svg_, _repr_html_ and repr() of each object; pyplot figures still open at the end of an
 execution are sent as PNG displays and closed (MPLBACKEND defaults to Agg). A display's data is
-base64 for image/png and text for image/svg+xml, text/html and text/plain.
+base64 for image/png and text for image/svg+xml, text/html and text/plain. In a speculative run
+(see speculation) display() collects them instead of sending them.
 """
 
 import base64
@@ -19,8 +20,22 @@ _RICH_MIMES = (
 )
 
 
+_sink = None  # a list that collects the displays instead, in a speculative run
+
+
+def collect_displays(sink):
+    """From now on, append each display to the list `sink` as {"mime", "data"}, unsent."""
+    global _sink
+    _sink = sink
+
+
 def display(*objs):
     """Show each object in the client, in the richest format it offers (IPython's protocol)."""
+    if _sink is not None:
+        for obj in objs:
+            mime, data = _display_data(obj)
+            _sink.append({"mime": mime, "data": data})
+        return
     execution_id = state.current_id
     if execution_id is None:  # no execution to show it in (a thread outliving its cell)
         return

@@ -248,6 +248,18 @@ def _reopen_stdin():
         sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
 
 
+def fork():
+    """os.fork() from the worker itself; 3.12+ would warn of a fork in a process with
+    threads on the code's stderr."""
+    if sys.version_info < (3, 12):
+        return os.fork()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
 def after_fork_in_child():
     """Keep a process that the session's code forked off the protocol pipes."""
     global _forked

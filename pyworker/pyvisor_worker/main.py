@@ -11,8 +11,8 @@ import signal
 import sys
 
 from pyvisor_worker import (
-    checkpoints, display, execution, inspection, prompts, protocol, restores, state,
-    surroundings, zygote,
+    adoption, checkpoints, display, execution, inspection, prompts, protocol, restores,
+    speculation, state, surroundings, zygote,
 )
 
 _USAGE = "usage: python3 -I -u WORKER_DIRECTORY [--zygote] [--preload MODULE[,MODULE...]]"
@@ -62,7 +62,8 @@ def main(preload=()):
     os.register_at_fork(after_in_child=execution.after_fork_in_child)
     surroundings.install()
     # A frame that comes before the reader thread runs waits in the pipe.
-    protocol.start_thread(protocol.read_requests, execution.interrupt, inspection.inspect)
+    protocol.start_thread(protocol.read_requests, execution.interrupt, inspection.inspect,
+                          speculation.cancel)
     protocol.send({
         "type": "hello",
         "protocol": protocol.PROTOCOL_VERSION,
@@ -74,7 +75,8 @@ def main(preload=()):
 
 
 def _serve():
-    """Main loop: serve the execute, checkpoint and restore requests in arrival order."""
+    """Main loop: serve the execute, checkpoint, restore, speculate and adopt requests in
+    arrival order."""
     while True:
         request = protocol.requests.get()
         kind = request.get("type")
@@ -84,6 +86,10 @@ def _serve():
             elif kind == "checkpoint":
                 # None: a forked child writes it, and a thread replies
                 reply = checkpoints.checkpoint(request)
+            elif kind == "speculate":
+                reply = speculation.speculate(request)  # None: a thread replies
+            elif kind == "adopt":
+                reply = adoption.adopt(request)
             else:
                 reply = restores.restore(request)
         except BaseException as exc:
@@ -100,5 +106,9 @@ def _fault_reply(request, exc):
     reason = execution.worker_error(exc)["message"]
     if kind == "checkpoint":
         return checkpoints.checkpoint_done(request_id, checkpoints.no_checkpoint(reason))
+    if kind == "speculate":
+        return speculation.speculation_done(request_id, "crashed: " + reason, 0.0)
+    if kind == "adopt":
+        return adoption.adopt_done(request_id, reason)
     return {"type": "restore_done", "id": request_id, "restored": [], "kept": [], "lost": [],
             "error": reason}

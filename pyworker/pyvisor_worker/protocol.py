@@ -20,13 +20,21 @@ Host -> worker:
     {"type": "restore", "id": "r-1", "index": {...},
      "groups": [{"token": "...", "names": ["df"], "path": "/dir/blob"}], "clear": true}
     {"type": "inspect", "id": "i-1"}
+    {"type": "speculate", "id": "s-1", "snippets": ["df.head()"], "repr_limit": 65536,
+     "output_limit": 65536, "cpu_ms": 2000}
+    {"type": "cancel_speculation", "id": "s-1"}
+    {"type": "adopt", "id": "a-1", "code": "df.head()",
+     "reads": [{"name": "df", "fingerprint": "1f0c..." | null}],
+     "files": [{"path": "/d/x.csv", "size": 10, "mtime_ns": 1, "ctime_ns": 1, "inode": 7}],
+     "ambient": "883fdfd9"}
     {"type": "shutdown"}
 
 An execute may also carry "facts": true, for the facts of the cell with its result.
 
-Executions, checkpoints and restores run one at a time on the main thread, in arrival order.
-An inspect or an interrupt is handled at once by the thread that reads the requests, also while
-code runs.
+Executions, checkpoints, restores, speculates and adopts are taken up one at a time by the
+main thread, in arrival order. An inspect, an interrupt or a cancel_speculation is handled at
+once by the thread that reads the requests, also while code runs; so is the kill of the
+speculation child when an execute or a restore arrives.
 An input_reply counts only while an input() of that execution waits for one; other replies,
 and messages of unknown types, are ignored.
 
@@ -50,6 +58,13 @@ Worker -> host:
      "variables": [{"name": "df", "type": "pandas.core.frame.DataFrame", "size_bytes": 2400}],
      "definitions": [{"name": "f", "kind": "function" | "class" | "lambda", "source": "..."}],
      "rss_bytes": 31457280 | null}
+    {"type": "speculated", "id": "s-1", "index": 0,
+     "outcome": {"status", "stdout", "stderr", "result", "display": [{"mime", "data"}],
+                 "error", "servable", "refusal", "reads", "files", "ambient", "binds",
+                 "cpu_ms", "duration_ms"}}
+    {"type": "speculation_done", "id": "s-1", "ending": "finished" | "cancelled" |
+     "cpu_limit" | "crashed: killed by SIGSEGV" | "crashed: exit status 1", "cpu_ms": 12.5}
+    {"type": "adopt_done", "id": "a-1", "fresh": false, "reason": null | "changed df"}
 
 A result with facts has "facts": {"reads", "binds", "touched", "files", "ambient", "objects",
 "pure", "cost_ms"} besides.
@@ -58,8 +73,9 @@ Every execute request gets exactly one result, after its input requests and disp
 modules that make the messages document their fields: execution (results, errors and
 interrupts), changes ("changed" and transactions), display, prompts (input requests),
 checkpoints (checkpoints), versions (groups and what changed), blobfiles (the files), restores,
-inspection, zygote (preload and the zygote), facts (cell facts, with summaries, surroundings,
-purity and fingerprints).
+inspection, zygote (preload and the zygote), facts (cell facts, with summaries and
+surroundings), speculation and snippets (speculative runs, with purity for the guard and
+fingerprints for the stamps), adoption (adopt).
 
 Ordering: before writing any frame, the worker flushes sys.stdout and sys.stderr (and the
 original ones, should the code have replaced them), so all that the code printed before a frame
@@ -160,6 +176,10 @@ def _stand_in(message, size):
     if kind == "checkpoint_done":  # half of its groups would be a checkpoint missing names
         return {"type": kind, "id": message.get("id"), "bytes": 0, "saved": [], "lost": [],
                 "error": note}
+    if kind == "speculated":  # an answer too large to cache
+        outcome = dict(message["outcome"], stdout="", stderr="", result=None, display=[],
+                       servable=False, refusal=note)
+        return dict(message, outcome=outcome)
     if kind != "result":  # restore_done, inspect_done: keep half of each list
         return {key: value[: len(value) // 2] if isinstance(value, list) else value
                 for key, value in message.items()}
@@ -213,11 +233,12 @@ def start_thread(function, *args):
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def read_requests(interrupt, inspect):
+def read_requests(interrupt, inspect, cancel_speculation):
     """Reader thread: route every message from the host, also while the code runs.
 
-    `interrupt(execution_id)` serves an interrupt, and `inspect(request)` makes the reply to an
-    inspect request; both at once, on this thread.
+    `interrupt(execution_id)` serves an interrupt, `inspect(request)` makes the reply to an
+    inspect request, and `cancel_speculation(speculation_id)` kills the speculation child
+    (any, for None); all at once, on this thread.
     """
     while True:
         message = read_message()
@@ -225,13 +246,23 @@ def read_requests(interrupt, inspect):
             continue
         kind = message.get("type")
         if kind == "execute":
+            cancel_speculation(None)  # the CPU is the execution's now
             execution_id = message.get("id")
             if type(execution_id) is str:
                 with state.execution_lock:
                     state.waiting[execution_id] = False
             requests.put(message)
-        elif kind in ("checkpoint", "restore"):
+        elif kind == "restore":
+            cancel_speculation(None)
             requests.put(message)
+        elif kind == "speculate":
+            # With the count of cancels so far: an execute that comes after it cancels it
+            # even before it starts.
+            requests.put(dict(message, cancels=state.speculation_cancels))
+        elif kind in ("checkpoint", "adopt"):
+            requests.put(message)
+        elif kind == "cancel_speculation":
+            cancel_speculation(message.get("id"))
         elif kind == "interrupt":
             interrupt(message.get("id"))
         elif kind == "inspect":

@@ -47,3 +47,7 @@ sigint_deferred = False
 def is_user_name(name):
     """Whether `name` is one of the session's own names, not a dunder such as __builtins__."""
     return type(name) is str and not (name.startswith("__") and name.endswith("__"))
+
+# How many times an execute or a restore has cancelled speculation: a speculate request carries
+# the count of when it arrived, and does not start if it has changed since (see speculation).
+speculation_cancels = 0

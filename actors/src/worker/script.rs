@@ -24,6 +24,7 @@ macro_rules! worker_file {
 pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("__main__.py"),
     worker_file!("pyvisor_worker/__init__.py"),
+    worker_file!("pyvisor_worker/adoption.py"),
     worker_file!("pyvisor_worker/blobfiles.py"),
     worker_file!("pyvisor_worker/cells.py"),
     worker_file!("pyvisor_worker/changes.py"),
@@ -39,6 +40,8 @@ pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("pyvisor_worker/protocol.py"),
     worker_file!("pyvisor_worker/purity.py"),
     worker_file!("pyvisor_worker/restores.py"),
+    worker_file!("pyvisor_worker/snippets.py"),
+    worker_file!("pyvisor_worker/speculation.py"),
     worker_file!("pyvisor_worker/state.py"),
     worker_file!("pyvisor_worker/summaries.py"),
     worker_file!("pyvisor_worker/surroundings.py"),

@@ -1,0 +1,498 @@
+//! The worker's side of proactive computation with real Python: cell facts, speculative runs
+//! in a forked child (the purity guard, byte-identical answers, a child that crashes, loops or
+//! is cancelled), and adopting a cached answer while what it read is unchanged.
+//!
+//! These tests assume pandas and numpy (scripts/test.sh installs them).
+
+use std::path::Path;
+
+use pyvisor_actors::worker::{Worker, WorkerEvent};
+use pyvisor_actors::OutputStream;
+use pyvisor_protocol::{
+    CellFacts, ErrorInfo, HostMessage, NameStamp, ResultValue, SpeculativeOutcome, Transaction,
+    WorkerMessage, WorkerStatus,
+};
+
+mod common;
+mod frames;
+
+use common::PATIENCE;
+use frames::{next_message, send, start};
+
+/// What a real execution produced.
+#[derive(Debug)]
+struct Real {
+    status: WorkerStatus,
+    result: Option<ResultValue>,
+    error: Option<ErrorInfo>,
+    stdout: String,
+    stderr: String,
+    facts: Option<Box<CellFacts>>,
+}
+
+/// Executes `code`, with its facts when `facts`, collecting its output.
+async fn run(worker: &mut Worker, code: &str, facts: bool) -> Real {
+    send(
+        worker,
+        HostMessage::Execute {
+            id: "e".into(),
+            code: code.into(),
+            repr_limit: 65536,
+            transaction: Transaction::CommitAlways,
+            facts,
+        },
+    );
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match worker.events.recv().await.expect("the worker is alive") {
+                WorkerEvent::Output { stream, bytes } => match stream {
+                    OutputStream::Stdout => stdout.extend(bytes),
+                    OutputStream::Stderr => stderr.extend(bytes),
+                },
+                WorkerEvent::Message(WorkerMessage::Result {
+                    id,
+                    status,
+                    result,
+                    error,
+                    facts,
+                    ..
+                }) if id == "e" => {
+                    return Real {
+                        status,
+                        result,
+                        error,
+                        stdout: String::from_utf8(stdout).expect("UTF-8 output"),
+                        stderr: String::from_utf8(stderr).expect("UTF-8 output"),
+                        facts,
+                    }
+                }
+                other => panic!("unexpected while {code:?} runs: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the execution ends")
+}
+
+/// Executes code that must succeed.
+async fn ok(worker: &mut Worker, code: &str) -> Real {
+    let real = run(worker, code, false).await;
+    assert_eq!(real.status, WorkerStatus::Ok, "{code}: {real:?}");
+    real
+}
+
+/// The facts of an execution that must succeed.
+async fn facts(worker: &mut Worker, code: &str) -> CellFacts {
+    let real = run(worker, code, true).await;
+    assert_eq!(real.status, WorkerStatus::Ok, "{code}: {real:?}");
+    *real.facts.expect("facts were asked for")
+}
+
+fn speculate_message(id: &str, snippets: &[&str], cpu_ms: u64) -> HostMessage {
+    HostMessage::Speculate {
+        id: id.into(),
+        snippets: snippets.iter().map(|s| s.to_string()).collect(),
+        repr_limit: 65536,
+        output_limit: 65536,
+        cpu_ms,
+    }
+}
+
+/// What a speculation sent: its outcomes by index, its ending and CPU time.
+#[derive(Debug, Default)]
+struct Speculation {
+    outcomes: Vec<(usize, SpeculativeOutcome)>,
+    ending: Option<String>,
+    cpu_ms: f64,
+}
+
+impl Speculation {
+    /// Takes one message of speculation `id` in; false for any other message.
+    fn take(&mut self, id: &str, message: &WorkerMessage) -> bool {
+        match message {
+            WorkerMessage::Speculated {
+                id: of,
+                index,
+                outcome,
+            } if of == id => self.outcomes.push((*index, (**outcome).clone())),
+            WorkerMessage::SpeculationDone {
+                id: of,
+                ending,
+                cpu_ms,
+            } if of == id => {
+                self.ending = Some(ending.clone());
+                self.cpu_ms = *cpu_ms;
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    fn outcome(&self, index: usize) -> &SpeculativeOutcome {
+        &self
+            .outcomes
+            .iter()
+            .find(|(i, _)| *i == index)
+            .unwrap_or_else(|| panic!("no outcome for snippet {index}: {self:?}"))
+            .1
+    }
+}
+
+/// Speculates `snippets` and waits for the speculation to end.
+async fn speculate(worker: &mut Worker, snippets: &[&str], cpu_ms: u64) -> Speculation {
+    send(worker, speculate_message("s", snippets, cpu_ms));
+    let mut speculation = Speculation::default();
+    while speculation.ending.is_none() {
+        let message = next_message(worker).await;
+        assert!(speculation.take("s", &message), "unexpected {message:?}");
+    }
+    speculation
+}
+
+/// The outcome of speculating one snippet.
+async fn speculate_one(worker: &mut Worker, snippet: &str) -> SpeculativeOutcome {
+    let speculation = speculate(worker, &[snippet], 30_000).await;
+    assert_eq!(speculation.ending.as_deref(), Some("finished"));
+    speculation.outcome(0).clone()
+}
+
+/// Asks whether the answer `outcome` to `code` is still fresh: (fresh, reason).
+async fn adopt(worker: &mut Worker, code: &str, outcome: &SpeculativeOutcome) -> Option<String> {
+    send(
+        worker,
+        HostMessage::Adopt {
+            id: "a".into(),
+            code: code.into(),
+            reads: outcome.reads.clone(),
+            files: outcome.files.clone(),
+            ambient: outcome.ambient.clone(),
+        },
+    );
+    match next_message(worker).await {
+        WorkerMessage::AdoptDone { id, fresh, reason } if id == "a" => {
+            assert_eq!(fresh, reason.is_none(), "{reason:?}");
+            reason
+        }
+        other => panic!("expected adopt_done, got {other:?}"),
+    }
+}
+
+fn write_csv(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn facts_say_what_a_cell_read_bound_and_touched() {
+    let mut worker = start().await;
+    assert!(run(&mut worker, "1 + 1", false).await.facts.is_none());
+
+    let setup = facts(
+        &mut worker,
+        "import pandas as pd\n\
+         df = pd.DataFrame({'a': [1.0, None, 3.0], 'b': ['x', 'y', 'x']})\na = df",
+    )
+    .await;
+    assert_eq!(setup.binds, ["a", "df", "pd"]);
+    assert!(!setup.pure);
+    let frame = setup
+        .objects
+        .iter()
+        .find(|object| object.name == "df")
+        .expect("df is summarised");
+    assert_eq!(
+        (frame.kind.as_str(), frame.module.as_str()),
+        ("DataFrame", "pandas")
+    );
+    assert_eq!(
+        (frame.len, frame.shape.as_slice()),
+        (Some(3), [3, 2].as_slice())
+    );
+    assert_eq!(frame.index.as_deref(), Some("RangeIndex"));
+    let columns: Vec<_> = frame
+        .columns
+        .iter()
+        .map(|c| (c.name.as_str(), c.label_is_str, c.nulls, c.distinct))
+        .collect();
+    assert_eq!(columns, [("a", true, 1, 2), ("b", true, 0, 2)]);
+    assert_eq!(frame.columns[0].dtype, "float64");
+
+    let drop = facts(&mut worker, "a.drop(columns=['b'], inplace=True)").await;
+    assert_eq!(drop.reads, ["a"]);
+    assert!(drop.binds.is_empty());
+    assert_eq!(
+        drop.touched.as_deref(),
+        Some(["a", "df"].map(String::from).as_slice())
+    );
+    assert!(!drop.pure);
+
+    let shape = facts(&mut worker, "df.shape").await;
+    assert_eq!(shape.reads, ["df"]);
+    assert_eq!(shape.touched.as_deref(), Some([].as_slice()));
+    assert!(shape.pure);
+    assert!(shape.cost_ms >= 0.0);
+    assert_eq!(shape.ambient, drop.ambient);
+    let options = facts(&mut worker, "pd.set_option('display.max_rows', 7)").await;
+    assert_ne!(options.ambient, shape.ambient);
+}
+
+#[tokio::test]
+async fn facts_list_the_files_a_cell_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = write_csv(dir.path(), "data.csv", "k,v\na,1\nb,2\n");
+    let mut worker = start().await;
+    let read = facts(
+        &mut worker,
+        &format!("import pandas as pd\ndf = pd.read_csv({csv:?})"),
+    )
+    .await;
+    assert_eq!(read.files.len(), 1, "{:?}", read.files);
+    assert_eq!(read.files[0].path, csv);
+    assert_eq!(read.files[0].size, 12);
+    let written = facts(&mut worker, &format!("df.to_csv({:?})", csv + ".out")).await;
+    assert!(written.files.is_empty(), "{:?}", written.files);
+}
+
+#[tokio::test]
+async fn a_servable_speculation_answers_as_a_real_execution_would() {
+    let mut worker = start().await;
+    ok(
+        &mut worker,
+        "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2, 3], 'b': ['x', 'y', 'z']})",
+    )
+    .await;
+    let snippet = "print('rows:', len(df), 'é') or df.describe()";
+    let outcome = speculate_one(&mut worker, snippet).await;
+    assert!(outcome.servable, "{outcome:?}");
+    assert_eq!(outcome.refusal, None);
+    assert!(outcome.reads.contains(&NameStamp {
+        name: "print".into(),
+        fingerprint: None
+    }));
+    let real = ok(&mut worker, snippet).await;
+    assert_eq!(outcome.status, real.status);
+    assert_eq!(outcome.stdout, real.stdout);
+    assert_eq!(outcome.stderr, real.stderr);
+    assert_eq!(outcome.result, real.result);
+    assert!(outcome.result.as_ref().unwrap().html.is_some());
+}
+
+#[tokio::test]
+async fn speculation_leaves_the_namespace_untouched() {
+    let mut worker = start().await;
+    ok(&mut worker, "x = [1, 2]").await;
+    let speculation = speculate(&mut worker, &["x.append(1)", "len(x)"], 30_000).await;
+    let append = speculation.outcome(0);
+    assert!(!append.servable);
+    assert_eq!(append.refusal.as_deref(), Some("calls .append"));
+    assert_eq!(append.status, WorkerStatus::Error);
+    assert_eq!((&append.result, &append.error), (&None, &None));
+    assert_eq!(speculation.outcome(1).result.as_ref().unwrap().repr, "2");
+    assert_eq!(ok(&mut worker, "x").await.result.unwrap().repr, "[1, 2]");
+}
+
+#[tokio::test]
+async fn the_guard_refuses_each_impure_form() {
+    let mut worker = start().await;
+    ok(
+        &mut worker,
+        "import datetime, random, time\nimport numpy as np\nimport pandas as pd\n\
+         df = pd.DataFrame({'a': [1]})\nx = [1]\ndef f(v):\n    return v",
+    )
+    .await;
+    let table = [
+        ("y = 1", "binds names"),
+        ("del x", "deletes"),
+        ("import os", "imports"),
+        (
+            "df.drop(columns=['a'], inplace=True)",
+            "changes an object in place",
+        ),
+        ("x.append(2)", "calls .append"),
+        ("df.to_csv('out.csv')", "writes"),
+        ("random.random()", "is random"),
+        ("np.random.rand(3)", "is random"),
+        ("time.time()", "reads the clock"),
+        ("datetime.datetime.now()", "reads the clock"),
+        ("input()", "asks for input"),
+        ("plt.plot([1, 2])", "plots"),
+        ("f(1)", "calls the session's code"),
+        ("df.loc[0, 'a'] = 5", "assigns"),
+        ("(z := 1)", "assigns"),
+    ];
+    let snippets: Vec<&str> = table.iter().map(|(snippet, _)| *snippet).collect();
+    let speculation = speculate(&mut worker, &snippets, 30_000).await;
+    for (index, (snippet, refusal)) in table.iter().enumerate() {
+        let outcome = speculation.outcome(index);
+        assert!(!outcome.servable, "{snippet}");
+        assert_eq!(outcome.refusal.as_deref(), Some(*refusal), "{snippet}");
+    }
+    assert_eq!(
+        ok(&mut worker, "(x, list(df['a']), 'y' in dir())")
+            .await
+            .result
+            .unwrap()
+            .repr,
+        "([1], [1], False)"
+    );
+}
+
+#[tokio::test]
+async fn an_execute_kills_the_speculation() {
+    let mut worker = start().await;
+    send(
+        &worker,
+        speculate_message("s", &["sum(i * i for i in range(10**10))"], 600_000),
+    );
+    send(
+        &worker,
+        HostMessage::Execute {
+            id: "e".into(),
+            code: "1 + 1".into(),
+            repr_limit: 100,
+            transaction: Transaction::CommitAlways,
+            facts: false,
+        },
+    );
+    let mut speculation = Speculation::default();
+    let mut result = None;
+    while result.is_none() || speculation.ending.is_none() {
+        let message = next_message(&mut worker).await;
+        if !speculation.take("s", &message) {
+            match message {
+                WorkerMessage::Result {
+                    id, result: value, ..
+                } if id == "e" => result = value,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert_eq!(result.unwrap().repr, "2");
+    assert_eq!(speculation.ending.as_deref(), Some("cancelled"));
+    assert!(speculation.outcomes.is_empty());
+}
+
+#[tokio::test]
+async fn a_cancel_kills_the_speculation_it_names() {
+    let mut worker = start().await;
+    send(
+        &worker,
+        speculate_message("s", &["sum(range(10**11))"], 600_000),
+    );
+    send(&worker, HostMessage::CancelSpeculation { id: "s".into() });
+    let mut speculation = Speculation::default();
+    while speculation.ending.is_none() {
+        let message = next_message(&mut worker).await;
+        assert!(speculation.take("s", &message), "unexpected {message:?}");
+    }
+    assert_eq!(speculation.ending.as_deref(), Some("cancelled"));
+}
+
+#[tokio::test]
+async fn a_crashing_or_runaway_child_leaves_the_worker_serving() {
+    let mut worker = start().await;
+    ok(&mut worker, "import ctypes\nx = [1]").await;
+
+    let crash = speculate(&mut worker, &["ctypes.string_at(0)", "len(x)"], 30_000).await;
+    assert_eq!(crash.ending.as_deref(), Some("crashed: killed by SIGSEGV"));
+    assert!(crash.outcomes.is_empty(), "{crash:?}");
+
+    let runaway = speculate(&mut worker, &["sum(i * i for i in range(10**10))"], 300).await;
+    assert_eq!(runaway.ending.as_deref(), Some("cpu_limit"));
+    assert!(runaway.cpu_ms >= 250.0, "{runaway:?}");
+
+    let memory = speculate(&mut worker, &["bytearray(2**62)", "len(x)"], 30_000).await;
+    assert_eq!(memory.ending.as_deref(), Some("finished"));
+    let failed = memory.outcome(0);
+    assert_eq!(failed.error.as_ref().unwrap().type_name, "MemoryError");
+    assert_eq!(failed.refusal.as_deref(), Some("raised an error"));
+    assert!(memory.outcome(1).servable);
+
+    assert_eq!(ok(&mut worker, "x").await.result.unwrap().repr, "[1]");
+}
+
+#[tokio::test]
+async fn a_binding_snippet_lets_later_snippets_build_on_it() {
+    let mut worker = start().await;
+    ok(&mut worker, "x = 21").await;
+    let speculation = speculate(&mut worker, &["y = x * 2", "y + 1"], 30_000).await;
+    let binding = speculation.outcome(0);
+    assert_eq!(binding.status, WorkerStatus::Ok);
+    assert_eq!(binding.binds, ["y"]);
+    assert_eq!(binding.refusal.as_deref(), Some("binds names"));
+    assert!(!binding.servable);
+    let dependent = speculation.outcome(1);
+    assert!(dependent.servable, "{dependent:?}");
+    assert_eq!(dependent.result.as_ref().unwrap().repr, "43");
+
+    assert_eq!(
+        adopt(&mut worker, "y + 1", dependent).await.as_deref(),
+        Some("changed y"),
+        "y is not bound in the worker yet"
+    );
+    ok(&mut worker, "y = x * 2").await;
+    assert_eq!(adopt(&mut worker, "y + 1", dependent).await, None);
+}
+
+#[tokio::test]
+async fn adopt_is_fresh_until_what_was_read_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = write_csv(dir.path(), "data.csv", "k,v\na,1\nb,2\n");
+    let mut worker = start().await;
+    ok(
+        &mut worker,
+        &format!("import pandas as pd\npath = {csv:?}\ndf = pd.read_csv(path)\na = df"),
+    )
+    .await;
+    let total = speculate_one(&mut worker, "df['v'].sum()").await;
+    let reread = speculate_one(&mut worker, "pd.read_csv(path).shape").await;
+    assert_eq!(reread.files.len(), 1);
+    assert_eq!(reread.files[0].path, csv);
+    assert_eq!(adopt(&mut worker, "df['v'].sum()", &total).await, None);
+    assert_eq!(
+        adopt(&mut worker, "pd.read_csv(path).shape", &reread).await,
+        None
+    );
+
+    ok(&mut worker, "a.loc[0, 'v'] = 100").await;
+    assert_eq!(
+        adopt(&mut worker, "df['v'].sum()", &total).await.as_deref(),
+        Some("changed df")
+    );
+
+    write_csv(dir.path(), "data.csv", "k,v\na,1\nb,2\nc,3\n");
+    let reason = adopt(&mut worker, "pd.read_csv(path).shape", &reread).await;
+    assert_eq!(reason, Some(format!("changed {csv}")));
+
+    let length = speculate_one(&mut worker, "len(df)").await;
+    assert_eq!(adopt(&mut worker, "len(df)", &length).await, None);
+    ok(&mut worker, "pd.set_option('display.max_rows', 7)").await;
+    assert_eq!(
+        adopt(&mut worker, "len(df)", &length).await.as_deref(),
+        Some("changed the ambient")
+    );
+}
+
+#[tokio::test]
+async fn adopt_numbers_cells_as_a_real_execution_would() {
+    let mut adopting = start().await;
+    let mut twin = start().await;
+    for worker in [&mut adopting, &mut twin] {
+        ok(worker, "x = 1").await;
+    }
+    let outcome = speculate_one(&mut adopting, "x + 1").await;
+    assert_eq!(adopt(&mut adopting, "x + 1", &outcome).await, None);
+    ok(&mut twin, "x + 1").await;
+    let mut tracebacks = Vec::new();
+    for worker in [&mut adopting, &mut twin] {
+        let failed = run(worker, "1 / 0", false).await;
+        tracebacks.push(failed.error.expect("1 / 0 fails").traceback);
+    }
+    assert!(
+        tracebacks[0].iter().any(|line| line.contains("<cell-3>")),
+        "{tracebacks:?}"
+    );
+    assert_eq!(tracebacks[0], tracebacks[1]);
+}
