@@ -20,6 +20,8 @@ pub struct ExecuteRequest {
     pub queue: bool,
     /// What a failure does to the namespace.
     pub transaction: Transaction,
+    /// Whether a speculative answer may serve it (SPEC.md `cache`); `false` runs it for real.
+    pub cache: bool,
 }
 
 impl ExecuteRequest {
@@ -31,6 +33,7 @@ impl ExecuteRequest {
             input: false,
             queue: true,
             transaction: Transaction::CommitAlways,
+            cache: true,
         }
     }
 
@@ -49,6 +52,12 @@ impl ExecuteRequest {
     /// Puts the namespace back as it was if the code fails.
     pub fn rollback_on_failure(mut self) -> Self {
         self.transaction = Transaction::RollbackOnFailure;
+        self
+    }
+
+    /// Runs the code for real even when a speculative answer for it is ready.
+    pub fn no_cache(mut self) -> Self {
+        self.cache = false;
         self
     }
 
@@ -135,6 +144,10 @@ pub struct ExecutionResult {
     pub display: Vec<DisplayData>,
     pub error: Option<ErrorInfo>,
     pub duration_ms: f64,
+    /// The answer was computed ahead of the request by speculation, and is what a real run
+    /// would have answered.
+    #[serde(default)]
+    pub from_cache: bool,
     /// Set when the session's worker died: what its state came back from.
     pub recovered: Option<Recovered>,
     /// What the caller should know about the session's state, such as "state not saved:

@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod cache;
 pub mod predict;
+pub mod predictor;
 pub mod schedule;
 pub mod stats;
 pub mod versions;

@@ -9,7 +9,7 @@ use crate::execution::{
     DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
     OutputStream, Recovered, ResultValue,
 };
-use crate::session::{EventSender, ExecutionTicket, Queued};
+use crate::session::{EventSender, ExecutionTicket, Queued, ServePath};
 use crate::worker::{CappedOutput, Utf8Chunker};
 
 /// Why the host interrupted an execution.
@@ -50,6 +50,12 @@ pub(crate) struct Running {
     pub recovered: Option<Recovered>,
     /// What the result says about the session's durable state.
     pub warnings: Vec<String>,
+    /// How the execution gets its answer: from the worker or from speculation.
+    pub path: ServePath,
+    /// The prediction source whose speculative answer served it.
+    pub served_by: Option<&'static str>,
+    /// What the cell did, as the worker reported it, for the session's subscribers.
+    pub facts: Option<Box<pyvisor_protocol::CellFacts>>,
 }
 
 impl Running {
@@ -68,6 +74,9 @@ impl Running {
             pending_input: None,
             recovered: None,
             warnings: Vec::new(),
+            path: ServePath::Real,
+            served_by: None,
+            facts: None,
         }
     }
 
@@ -113,6 +122,7 @@ impl Running {
             display: self.display,
             error,
             duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            from_cache: self.served_by.is_some(),
             recovered: self.recovered,
             warnings: self.warnings,
         };

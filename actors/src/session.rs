@@ -32,17 +32,22 @@ use crate::running::{InterruptCause, Running};
 use crate::worker::{Worker, WorkerEvent, WorkerSpec};
 
 mod durability;
+mod events;
 mod handlers;
 mod messages;
+mod proactive;
 mod state;
 mod worker_events;
 
 pub use durability::DurabilityReport;
+pub use events::{Executed, SessionEvent, Speculated, Subscribers};
 pub use messages::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Drain, EventSender, Execute,
     ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary,
-    SendInput, SessionEnded, SessionPhase, SessionSnapshot,
+    SendInput, SessionPhase, SessionSnapshot,
 };
+pub(crate) use proactive::ServePath;
+pub use proactive::{PlannedSnippet, ProactiveSetup, Speculate};
 use state::Durability;
 pub use state::{AutoCheckpoint, Inspection, StateSetup};
 
@@ -90,8 +95,10 @@ pub struct SessionSetup {
     pub limits: SessionLimits,
     pub pool: Addr<PoolActor>,
     pub counters: Arc<EngineCounters>,
-    /// Told once when the session is closed for good.
-    pub on_end: Option<Recipient<SessionEnded>>,
+    /// Who hears what the session does (executions, idleness, restores, its close).
+    pub events: Subscribers,
+    /// Proactive computation for this session; off when `None`.
+    pub proactive: Option<ProactiveSetup>,
     /// Where the session keeps checkpoints; none are kept when `None`.
     pub state: Option<StateSetup>,
 }
@@ -118,6 +125,8 @@ pub struct SessionActor {
     durability: Durability,
     /// Keep the session's checkpoints when it closes (else they are deleted).
     keep_state: bool,
+    proactive: Option<proactive::Proactive>,
+    events: Subscribers,
 }
 
 /// An execution waiting for the worker.
@@ -131,6 +140,8 @@ impl SessionActor {
     /// A session that takes `worker` when the actor starts.
     pub fn new(session_id: String, worker: Worker, setup: SessionSetup) -> Self {
         let durability = Durability::new(setup.state.is_some());
+        let proactive = setup.proactive.clone().map(proactive::Proactive::new);
+        let events = setup.events.clone();
         Self {
             session_id,
             setup,
@@ -147,6 +158,8 @@ impl SessionActor {
             published_phase: None,
             durability,
             keep_state: false,
+            proactive,
+            events,
         }
     }
 
@@ -252,9 +265,11 @@ impl SessionActor {
         if !matches!(self.state, State::Idle) {
             return;
         }
-        let Some(worker) = &self.worker else { return };
-        let Some(queued) = self.queue.pop_front() else {
+        if self.worker.is_none() {
             return;
+        }
+        let Some(queued) = self.queue.pop_front() else {
+            return self.publish_idle(ctx);
         };
         if let Some(recovered) = self.durability.recovered.take() {
             if recovered.fresh_namespace && recovered.lost_executions > 0 {
@@ -266,18 +281,7 @@ impl SessionActor {
             }
             self.durability.recovered = Some(recovered);
         }
-        let frame = HostMessage::Execute {
-            id: queued.ticket.execution_id.clone(),
-            code: queued.request.code.clone(),
-            repr_limit: self.setup.limits.result_repr_bytes,
-            transaction: queued.request.transaction,
-            facts: false,
-        };
-        if let Err(err) = worker.writer.send(&frame) {
-            // Size was checked on enqueue; anything else means the frame cannot be built.
-            queued.refuse(&err.to_string());
-            return self.start_next(ctx);
-        }
+        let path = self.serve_path(&queued.request.code, queued.request.cache);
         let timeout = queued.request.timeout.unwrap_or(self.setup.limits.timeout);
         let execution_id = queued.ticket.execution_id.clone();
         let timer = ctx.run_later(timeout, move |act, ctx| {
@@ -290,6 +294,7 @@ impl SessionActor {
             self.setup.limits.output_bytes,
             timer,
         )));
+        self.serve(path, ctx);
     }
 
     fn running_id(&self) -> Option<&String> {
@@ -310,6 +315,11 @@ impl SessionActor {
         }
         running.interrupt = Some(cause);
         let execution_id = running.ticket.execution_id.clone();
+        if !matches!(running.path, ServePath::Real) {
+            // Not on the worker yet: run it there, where the interrupt stops it as it would
+            // have stopped a real run.
+            self.run_for_real(ctx);
+        }
         if let Some(worker) = &self.worker {
             worker.interrupt(&execution_id);
         }
@@ -373,6 +383,15 @@ impl SessionActor {
         self.setup
             .counters
             .execution_finished(status, running.started.elapsed());
+        self.events
+            .publish(SessionEvent::Executed(Arc::new(events::Executed {
+                session_id: self.session_id.as_str().into(),
+                code: running.request.code.clone(),
+                status,
+                facts: running.facts.take(),
+                duration_ms: running.started.elapsed().as_secs_f64() * 1000.0,
+                served_by: running.served_by,
+            })));
         running.into_result(status, result, error);
         if let Some(waiting) = self.draining.as_mut() {
             for drained in waiting.drain(..) {
@@ -440,11 +459,10 @@ impl SessionActor {
         {
             let _ = drained.send(());
         }
-        if let Some(on_end) = self.setup.on_end.take() {
-            on_end.do_send(SessionEnded {
-                session_id: self.session_id.clone(),
-            });
-        }
+        self.forget_answers();
+        self.events.publish(SessionEvent::Closed {
+            session_id: self.session_id.as_str().into(),
+        });
     }
 }
 
@@ -477,6 +495,7 @@ impl Queued {
             display: Vec::new(),
             error: Some(error),
             duration_ms: 0.0,
+            from_cache: false,
             recovered,
             warnings: Vec::new(),
         };

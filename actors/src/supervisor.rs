@@ -1,7 +1,7 @@
 //! The Supervisor: the root actor of an engine, owning the pool and every session.
 //!
 //! The engine sends it [`CreateSession`], [`FindSession`], [`ListSessions`], [`GetStats`],
-//! [`Resize`] and [`StopAll`]; sessions tell it [`SessionEnded`]. It keeps the registry of live
+//! [`Resize`] and [`StopAll`]; sessions tell it when they close ([`SessionEvent::Closed`]). It keeps the registry of live
 //! sessions (slotmap keys inside, stable ids and unique names outside), gets each new
 //! session's worker from the [`PoolActor`], and starts the session actor under actix
 //! supervision on the arbiter thread that serves that worker's pipes, so a session whose
@@ -21,8 +21,12 @@ use crate::checkpoint::CheckpointStore;
 use crate::errors::SupervisorError;
 use crate::limits::ProcessLimits;
 use crate::pool::{Acquire, DrainPool, GetPoolStats, Lease, PoolActor, Release, Resize, Slot};
+use crate::proactive::cache::CacheActor;
+use crate::proactive::predict::Table;
+use crate::proactive::predictor::PredictorActor;
 use crate::session::{
-    Close, CloseState, Drain, SessionActor, SessionEnded, SessionSetup, StateSetup,
+    Close, CloseState, Drain, ProactiveSetup, SessionActor, SessionEvent, SessionSetup, StateSetup,
+    Subscribers,
 };
 use crate::worker::WorkerSpec;
 
@@ -30,8 +34,8 @@ mod messages;
 mod registry;
 
 pub use messages::{
-    CreateSession, FindSession, GetStats, Interpreter, ListSessions, SessionHandle, SessionOptions,
-    StateOptions, StopAll, SupervisorConfig, SupervisorStats,
+    CreateSession, FindSession, GetStats, Interpreter, ListSessions, ProactiveOptions,
+    SessionHandle, SessionOptions, StateOptions, StopAll, SupervisorConfig, SupervisorStats,
 };
 use registry::Registry;
 
@@ -40,6 +44,8 @@ pub struct Supervisor {
     config: SupervisorConfig,
     arbiters: Vec<Arbiter>,
     pool: Option<Addr<PoolActor>>,
+    /// The proactive actors, started with the supervisor.
+    proactive: Option<(Addr<PredictorActor>, Addr<CacheActor>)>,
     registry: Registry,
     /// Names whose session is being created, with the creates that wait to attach to it.
     creating: HashMap<String, Vec<oneshot::Sender<()>>>,
@@ -58,6 +64,7 @@ impl Supervisor {
             config,
             arbiters,
             pool: None,
+            proactive: None,
             registry: Registry::default(),
             creating: HashMap::new(),
             id_prefix: session_id_prefix(),
@@ -138,6 +145,15 @@ impl Supervisor {
                     .map_or(u64::MAX, |mb| mb.saturating_mul(1024 * 1024))
             }),
         });
+        let proactive = self.proactive.clone().filter(|_| {
+            options
+                .proactive
+                .unwrap_or(self.config.proactive.by_default)
+        });
+        let mut subscribers = vec![ctx.address().recipient()];
+        if let Some((predictor, _)) = &proactive {
+            subscribers.push(predictor.clone().recipient());
+        }
         let setup = SessionSetup {
             state,
             spec,
@@ -145,7 +161,11 @@ impl Supervisor {
             limits: options.limits.unwrap_or_else(|| self.config.limits.clone()),
             pool: self.pool().clone(),
             counters: self.config.counters.clone(),
-            on_end: Some(ctx.address().recipient()),
+            events: Subscribers::new(subscribers),
+            proactive: proactive.as_ref().map(|(_, cache)| ProactiveSetup {
+                cache: cache.clone(),
+                counters: self.config.proactive.counters.clone(),
+            }),
         };
         let worker_info = lease.worker.info.clone();
         let worker = lease.worker;
@@ -163,6 +183,7 @@ impl Supervisor {
             attached: false,
             worker: Some(worker_info),
             restored: on_disk,
+            predictor: proactive.map(|(predictor, _)| predictor),
         };
         self.registry.insert(handle.clone());
         Ok(handle)
@@ -219,6 +240,15 @@ impl Actor for Supervisor {
             arbiters,
         );
         self.pool = Some(pool.start());
+        let ProactiveOptions {
+            predictor,
+            cache,
+            counters,
+            ..
+        } = self.config.proactive.clone();
+        let cache = CacheActor::new(cache, counters.clone()).start();
+        let predictor = PredictorActor::new(predictor, Table::builtin(), counters).start();
+        self.proactive = Some((predictor, cache));
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
@@ -349,12 +379,14 @@ impl Handler<Resize> for Supervisor {
     }
 }
 
-impl Handler<SessionEnded> for Supervisor {
+impl Handler<SessionEvent> for Supervisor {
     type Result = ();
 
-    fn handle(&mut self, msg: SessionEnded, _: &mut Context<Self>) {
-        if self.registry.remove(&msg.session_id).is_some() {
-            self.pool().do_send(Release);
+    fn handle(&mut self, event: SessionEvent, _: &mut Context<Self>) {
+        if let SessionEvent::Closed { session_id } = event {
+            if self.registry.remove(&session_id).is_some() {
+                self.pool().do_send(Release);
+            }
         }
     }
 }

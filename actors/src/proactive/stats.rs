@@ -1,7 +1,9 @@
 //! The proactive engine's running totals (`engine.stats` `proactive`, `session.info`) and its
 //! Prometheus metrics (SPEC.md §5).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use metrics::{counter, gauge, histogram};
 use serde::{Deserialize, Serialize};
@@ -15,7 +17,7 @@ pub const HIT_RATE: &str = "pyvisor_proactive_hit_rate";
 pub const CPU_SECONDS_TOTAL: &str = "pyvisor_proactive_cpu_seconds_total";
 
 /// The figures of `engine.stats` `proactive` (or one session's share of them).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProactiveStats {
     /// Predictions scheduled for speculation.
     pub predictions: u64,
@@ -35,6 +37,29 @@ pub struct ProactiveStats {
     pub cpu_ms: f64,
     /// Bytes the cache holds now (engine-wide; 0 in a session's share).
     pub cache_bytes: u64,
+    /// Hits and joins by the prediction source that proposed the answer.
+    #[serde(default)]
+    pub served_by_source: BTreeMap<String, u64>,
+}
+
+impl ProactiveStats {
+    /// An execution was served from an answer `source` proposed (`joined`: by waiting for
+    /// its speculation).
+    pub(crate) fn served(&mut self, source: &'static str, joined: bool) {
+        if joined {
+            self.joins += 1;
+        } else {
+            self.hits += 1;
+        }
+        *self.served_by_source.entry(source.to_owned()).or_default() += 1;
+        self.hit_rate = hit_rate(self.hits + self.joins, self.misses);
+    }
+
+    /// An execution was run for real.
+    pub(crate) fn missed(&mut self) {
+        self.misses += 1;
+        self.hit_rate = hit_rate(self.hits + self.joins, self.misses);
+    }
 }
 
 /// Running totals shared by the proactive actors and the sessions.
@@ -48,6 +73,7 @@ pub struct ProactiveCounters {
     discarded: AtomicU64,
     cpu_us: AtomicU64,
     cache_bytes: AtomicU64,
+    served_by_source: Mutex<BTreeMap<String, u64>>,
 }
 
 impl ProactiveCounters {
@@ -65,6 +91,11 @@ impl ProactiveCounters {
             discarded: load(&self.discarded),
             cpu_ms: load(&self.cpu_us) as f64 / 1000.0,
             cache_bytes: load(&self.cache_bytes),
+            served_by_source: self
+                .served_by_source
+                .lock()
+                .map(|counts| counts.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -87,8 +118,12 @@ impl ProactiveCounters {
         counter!(CPU_SECONDS_TOTAL).increment(cpu_us / 1000);
     }
 
-    /// An execution was served from speculation (`joined`: by waiting for its child).
-    pub(crate) fn hit(&self, joined: bool) {
+    /// An execution was served from an answer `source` proposed (`joined`: by waiting for
+    /// its speculation).
+    pub(crate) fn hit(&self, source: &'static str, joined: bool) {
+        if let Ok(mut counts) = self.served_by_source.lock() {
+            *counts.entry(source.to_owned()).or_default() += 1;
+        }
         let counter = if joined { &self.joins } else { &self.hits };
         counter.fetch_add(1, Ordering::Relaxed);
         counter!(CACHE_HITS_TOTAL).increment(1);

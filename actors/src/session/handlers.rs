@@ -98,6 +98,17 @@ impl Handler<GetInfo> for SessionActor {
             containment: self.worker.as_ref().map(|w| w.containment),
             last_checkpoint: self.durability.ledger.last.map(|last| last.id.to_string()),
             durability: self.durability.ledger.report(),
+            proactive: self.proactive.as_ref().map(|p| p.share()),
+            speculating: self
+                .proactive
+                .as_ref()
+                .map(|p| p.speculating())
+                .unwrap_or_default(),
+            ahead: self
+                .proactive
+                .as_ref()
+                .map(|p| p.ahead())
+                .unwrap_or_default(),
             namespace: None,
         };
         Box::pin(async move {

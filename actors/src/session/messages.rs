@@ -115,13 +115,6 @@ pub struct ListCheckpoints;
 #[rtype(result = "()")]
 pub struct Drain;
 
-/// Told to whoever registered interest when a session is closed for good.
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct SessionEnded {
-    pub session_id: String,
-}
-
 /// What a session is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionPhase {
@@ -165,6 +158,12 @@ pub struct SessionSnapshot {
     pub last_checkpoint: Option<String>,
     /// Whether a crash now would lose anything, and why.
     pub durability: super::DurabilityReport,
+    /// The session's share of the proactive figures; `None` when it is not proactive.
+    pub proactive: Option<crate::proactive::stats::ProactiveStats>,
+    /// The code a speculative child of its worker is computing now, not answered yet.
+    pub speculating: Vec<String>,
+    /// Normal forms of the code whose answers are computed ahead and still hold.
+    pub ahead: Vec<String>,
     /// The namespace as the worker described it; `None` when it could not answer in time.
     pub namespace: Option<Inspection>,
 }

@@ -7,7 +7,7 @@ use actix::prelude::*;
 use pyvisor_protocol::{HostMessage, WorkerMessage, WorkerStatus};
 
 use super::state::{CheckpointReport, Inspection, RestoreReport};
-use super::{host_error, SessionActor, State, Tagged};
+use super::{host_error, SessionActor, SessionEvent, State, Tagged};
 use crate::execution::{DisplayData, ExecutionEvent, ExecutionStatus, OutputStream};
 use crate::running::InterruptCause;
 use crate::worker::WorkerEvent;
@@ -62,6 +62,12 @@ impl SessionActor {
                 };
                 return self.inspect_done(&id, inspection);
             }
+            WorkerMessage::Speculated { id, index, outcome } => {
+                return self.speculated(&id, index, *outcome, ctx);
+            }
+            WorkerMessage::SpeculationDone { id, ending, cpu_ms } => {
+                return self.speculation_done(&id, &ending, cpu_ms, ctx);
+            }
             other => other,
         };
         let State::Busy(running) = &mut self.state else {
@@ -75,7 +81,8 @@ impl SessionActor {
                 result,
                 error,
                 changed,
-                ..
+                rolled_back,
+                facts,
             } if id == execution_id => {
                 let status = match (status, &error, running.interrupt) {
                     (WorkerStatus::Ok, _, _) => ExecutionStatus::Ok,
@@ -89,6 +96,10 @@ impl SessionActor {
                 if changed {
                     self.durability.ledger.changed();
                 }
+                if let Some(proactive) = &mut self.proactive {
+                    proactive.observe(facts.as_deref(), rolled_back);
+                }
+                running.facts = facts;
                 self.finish(status, result, error, ctx);
                 self.count_change(changed, ctx);
             }
@@ -113,6 +124,9 @@ impl SessionActor {
                         .writer
                         .send(&HostMessage::InputReply { id, value: None });
                 }
+            }
+            WorkerMessage::AdoptDone { id, fresh, .. } if id == execution_id => {
+                self.adopt_done(fresh, ctx);
             }
             WorkerMessage::Display { id, mime, data } if id == execution_id => {
                 let display = DisplayData { mime, data };
@@ -142,6 +156,11 @@ impl SessionActor {
             return self.finish_close();
         }
         self.setup.counters.worker_crashed();
+        self.forget_answers();
+        self.speculation_lost();
+        self.events.publish(SessionEvent::Restored {
+            session_id: self.session_id.as_str().into(),
+        });
         let recovered = self.forget_worker_requests(true);
         let comeback = match recovered
             .as_ref()

@@ -11,6 +11,9 @@ use crate::errors::SupervisorError;
 use crate::limits::SessionLimits;
 use crate::metrics::EngineCounters;
 use crate::pool::{PoolConfig, PoolStats};
+use crate::proactive::cache::CacheLimits;
+use crate::proactive::predictor::{PredictorActor, PredictorConfig};
+use crate::proactive::stats::ProactiveCounters;
 use crate::session::{AutoCheckpoint, SessionActor};
 use crate::worker::{WorkerInfo, WorkerSpec};
 
@@ -28,6 +31,30 @@ pub struct SupervisorConfig {
     pub counters: Arc<EngineCounters>,
     /// Where sessions keep checkpoints; none are kept when `None`.
     pub state: Option<StateOptions>,
+    /// Proactive computation (prediction, speculation, the cache).
+    pub proactive: ProactiveOptions,
+}
+
+/// How the engine computes ahead of its sessions' requests.
+#[derive(Debug, Clone)]
+pub struct ProactiveOptions {
+    /// Whether a session that does not say is proactive.
+    pub by_default: bool,
+    pub predictor: PredictorConfig,
+    pub cache: CacheLimits,
+    /// Totals shared with the caller for `engine.stats`.
+    pub counters: Arc<ProactiveCounters>,
+}
+
+impl Default for ProactiveOptions {
+    fn default() -> Self {
+        Self {
+            by_default: true,
+            predictor: PredictorConfig::default(),
+            cache: CacheLimits::default(),
+            counters: Arc::default(),
+        }
+    }
 }
 
 /// The checkpoint settings every session gets.
@@ -58,6 +85,9 @@ pub struct SessionOptions {
     pub env: Vec<(String, String)>,
     /// Limits replacing the engine defaults.
     pub limits: Option<SessionLimits>,
+    /// Whether the engine computes ahead of this session's requests; the engine's default
+    /// when `None`.
+    pub proactive: Option<bool>,
 }
 
 /// A Python interpreter other than the engine's, with the worker package it runs.
@@ -101,6 +131,8 @@ pub struct SessionHandle {
     /// Whether the create found the session's checkpoints on disk (left by an earlier
     /// engine) and the session restores the latest before it runs anything.
     pub restored: bool,
+    /// The predictor following the session, when it is proactive (takes its hints).
+    pub predictor: Option<Addr<PredictorActor>>,
 }
 
 /// Every live session, or an owner's.

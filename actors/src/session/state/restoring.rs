@@ -145,6 +145,10 @@ impl SessionActor {
             .send(&frame)
             .map_err(|err| worker_state(err.to_string()))?;
         self.durability.next_request += 1;
+        self.forget_answers();
+        self.events.publish(crate::session::SessionEvent::Restored {
+            session_id: self.session_id.as_str().into(),
+        });
         Ok(request)
     }
 

@@ -1,0 +1,341 @@
+//! The PredictorActor: what each idle session will likely run next, and which of those
+//! predictions to compute, under the engine's CPU budget.
+//!
+//! It subscribes to every proactive session's events. An execution's code and facts feed the
+//! session's [`SessionModel`], and settle the predictions made before it (right or wrong),
+//! which is how [`Learned`] tunes probabilities and runtimes from outcomes. When a session is
+//! idle, the actor asks the model for ranked predictions, leaves out what was already computed
+//! for this state, plans the rest as a dependency graph under a CPU grant from the
+//! [`CpuBudget`] ([`schedule::plan`]) and sends the plan to the session as one [`Speculate`].
+//! A tick retries idle sessions as the budget refills. Nothing is started while the machine
+//! has more runnable threads than CPUs (foreground work waiting for a CPU), unless told not to
+//! yield. Explicit hints ([`Hint`]) go first.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+
+use super::budget::CpuBudget;
+use super::predict::{normalise, Learned, Prediction, SessionModel, Source, Table};
+use super::schedule::{self, Candidate};
+use super::stats::ProactiveCounters;
+use crate::execution::ExecutionStatus;
+use crate::session::{PlannedSnippet, SessionActor, SessionEvent, Speculate};
+
+/// Predictions asked of a session's model each time it is idle.
+const PREDICTIONS: usize = 60;
+/// Most CPU milliseconds one speculation may be granted.
+const MAX_GRANT_MS: f64 = 1000.0;
+/// How often idle sessions are tried again as the budget refills.
+const TICK: Duration = Duration::from_millis(200);
+
+/// How the predictor spends the engine's CPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PredictorConfig {
+    /// Share of one core that speculation may use over time (0.1: 10%).
+    pub cpu_budget: f64,
+    /// Start nothing while the machine has more runnable threads than CPUs.
+    pub yield_to_load: bool,
+}
+
+impl Default for PredictorConfig {
+    fn default() -> Self {
+        Self {
+            cpu_budget: 0.1,
+            yield_to_load: true,
+        }
+    }
+}
+
+/// Code a caller expects a session to run soon (`session.hint`); replies how many snippets
+/// were taken (0 for a session the predictor does not follow).
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct Hint {
+    pub session_id: String,
+    pub code: Vec<String>,
+}
+
+/// What the predictor knows of one session.
+struct Followed {
+    model: SessionModel,
+    addr: Option<Addr<SessionActor>>,
+    idle: bool,
+    speculating: bool,
+    /// Normal forms computed for the current state, not to be computed again.
+    tried: HashSet<String>,
+    /// Predictions scheduled since the last execution: normal form → (source, template).
+    pending: HashMap<String, (Source, String)>,
+}
+
+impl Followed {
+    fn new() -> Self {
+        Self {
+            model: SessionModel::new(),
+            addr: None,
+            idle: false,
+            speculating: false,
+            tried: HashSet::new(),
+            pending: HashMap::new(),
+        }
+    }
+}
+
+/// The actor predicting and scheduling speculation for every proactive session.
+pub struct PredictorActor {
+    config: PredictorConfig,
+    table: &'static Table,
+    learned: Learned,
+    budget: CpuBudget,
+    counters: Arc<ProactiveCounters>,
+    sessions: HashMap<Arc<str>, Followed>,
+    cpus: usize,
+}
+
+impl PredictorActor {
+    pub fn new(
+        config: PredictorConfig,
+        table: &'static Table,
+        counters: Arc<ProactiveCounters>,
+    ) -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            config,
+            table,
+            learned: Learned::default(),
+            budget: CpuBudget::new(config.cpu_budget, Instant::now()),
+            counters,
+            sessions: HashMap::new(),
+            cpus,
+        }
+    }
+
+    /// Whether foreground work waits for a CPU now: more runnable threads than CPUs.
+    fn machine_busy(&self) -> bool {
+        if !self.config.yield_to_load {
+            return false;
+        }
+        // The fourth field of /proc/loadavg is "runnable/total" scheduling entities, this
+        // thread included.
+        let runnable = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|text| {
+                let field = text.split_whitespace().nth(3)?;
+                field.split('/').next()?.parse::<usize>().ok()
+            });
+        runnable.is_some_and(|runnable| runnable.saturating_sub(1) > self.cpus)
+    }
+
+    fn executed(&mut self, event: &crate::session::Executed) {
+        let Some(followed) = self.sessions.get_mut(&event.session_id) else {
+            return;
+        };
+        let normal = normalise(&event.code);
+        for (predicted, (source, template)) in followed.pending.drain() {
+            let right = normal.as_deref() == Some(predicted.as_str());
+            self.learned.record(source, &template, right);
+        }
+        if event.served_by.is_none() {
+            // Ran for real: the state may have changed, and what was computed for the old
+            // one may be computed again.
+            followed.tried.clear();
+        }
+        if let Some(facts) = &event.facts {
+            let ok = event.status == ExecutionStatus::Ok;
+            followed.model.observe(&event.code, facts, ok);
+        }
+        followed.idle = false;
+    }
+
+    /// Plans and sends a speculation to `session_id` if it is idle and the budget allows.
+    fn schedule(&mut self, session_id: &Arc<str>, ctx: &mut Context<Self>) {
+        let ready = self
+            .sessions
+            .get(session_id)
+            .is_some_and(|f| f.idle && !f.speculating && f.addr.is_some());
+        if !ready || self.machine_busy() {
+            return;
+        }
+        let followed = self.sessions.get_mut(session_id).expect("checked above");
+        let predictions = followed
+            .model
+            .predict(self.table, &self.learned, PREDICTIONS);
+        let predictions = untried(predictions, &followed.tried);
+        if predictions.is_empty() {
+            return;
+        }
+        // All the bucket holds: costs are estimates, and a child that needs less uses less.
+        let Some(grant) = self.budget.grant(Instant::now(), MAX_GRANT_MS) else {
+            return;
+        };
+        let candidates: Vec<Candidate> = predictions
+            .iter()
+            .map(|p| Candidate {
+                probability: p.probability,
+                cost_ms: p.cost_ms,
+                after: p.after,
+            })
+            .collect();
+        let plan = schedule::plan(&candidates, grant);
+        if plan.is_empty() {
+            return;
+        }
+        let snippets: Vec<PlannedSnippet> = plan
+            .iter()
+            .map(|&i| PlannedSnippet {
+                code: predictions[i].code.clone(),
+                normal: predictions[i].normal.clone(),
+                source: predictions[i].source.as_str(),
+            })
+            .collect();
+        for &i in &plan {
+            let prediction = &predictions[i];
+            followed.tried.insert(prediction.normal.clone());
+            followed.pending.insert(
+                prediction.normal.clone(),
+                (prediction.source, prediction.template.clone()),
+            );
+            self.counters.predicted(prediction.source.as_str());
+        }
+        followed.speculating = true;
+        let addr = followed.addr.clone().expect("checked above");
+        let request = Speculate {
+            snippets,
+            cpu_ms: grant.ceil() as u64,
+        };
+        let session_id = session_id.clone();
+        ctx.spawn(
+            addr.send(request)
+                .into_actor(self)
+                .map(move |taken, act, _| {
+                    if !matches!(taken, Ok(true)) {
+                        if let Some(followed) = act.sessions.get_mut(&session_id) {
+                            followed.speculating = false;
+                        }
+                    }
+                }),
+        );
+    }
+}
+
+/// `predictions` without those computed already for this state, except the parents that an
+/// untried prediction builds on; `after` indices are renumbered.
+fn untried(predictions: Vec<Prediction>, tried: &HashSet<String>) -> Vec<Prediction> {
+    let mut keep: Vec<bool> = predictions
+        .iter()
+        .map(|p| !tried.contains(&p.normal))
+        .collect();
+    for i in 0..predictions.len() {
+        let mut parent = if keep[i] { predictions[i].after } else { None };
+        while let Some(p) = parent.filter(|&p| p < predictions.len()) {
+            keep[p] = true;
+            parent = predictions[p].after;
+        }
+    }
+    let mut renumbered = vec![None; predictions.len()];
+    let mut kept = Vec::new();
+    for (i, prediction) in predictions.into_iter().enumerate() {
+        if keep[i] {
+            renumbered[i] = Some(kept.len());
+            kept.push(prediction);
+        }
+    }
+    for prediction in &mut kept {
+        prediction.after = prediction
+            .after
+            .and_then(|p| renumbered.get(p).copied().flatten());
+    }
+    kept
+}
+
+impl Actor for PredictorActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(TICK, |act, ctx| {
+            let idle: Vec<Arc<str>> = act
+                .sessions
+                .iter()
+                .filter(|(_, f)| f.idle && !f.speculating)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for session_id in idle {
+                act.schedule(&session_id, ctx);
+            }
+        });
+    }
+}
+
+impl Handler<SessionEvent> for PredictorActor {
+    type Result = ();
+
+    fn handle(&mut self, event: SessionEvent, ctx: &mut Context<Self>) {
+        match event {
+            SessionEvent::Executed(executed) => {
+                self.sessions
+                    .entry(executed.session_id.clone())
+                    .or_insert_with(Followed::new);
+                self.executed(&executed);
+            }
+            SessionEvent::Idle { session_id, addr } => {
+                let followed = self
+                    .sessions
+                    .entry(session_id.clone())
+                    .or_insert_with(Followed::new);
+                followed.idle = true;
+                followed.addr = Some(addr);
+                self.schedule(&session_id, ctx);
+            }
+            SessionEvent::Speculated(speculated) => {
+                let Some(followed) = self.sessions.get(&speculated.session_id) else {
+                    return;
+                };
+                let template = normalise(&speculated.code)
+                    .and_then(|normal| followed.pending.get(&normal))
+                    .map(|(_, template)| template.clone());
+                if let Some(template) = template {
+                    self.learned
+                        .record_runtime(&template, speculated.duration_ms);
+                }
+            }
+            SessionEvent::SpeculationEnded { session_id, cpu_ms } => {
+                self.budget.spend(Instant::now(), cpu_ms);
+                if let Some(followed) = self.sessions.get_mut(&session_id) {
+                    followed.speculating = false;
+                }
+            }
+            SessionEvent::Restored { session_id } => {
+                if let Some(followed) = self.sessions.get_mut(&session_id) {
+                    followed.model.forget();
+                    followed.tried.clear();
+                    followed.pending.clear();
+                }
+            }
+            SessionEvent::Closed { session_id } => {
+                self.sessions.remove(&session_id);
+            }
+        }
+    }
+}
+
+impl Handler<Hint> for PredictorActor {
+    type Result = usize;
+
+    fn handle(&mut self, msg: Hint, ctx: &mut Context<Self>) -> usize {
+        let session_id: Arc<str> = msg.session_id.into();
+        let Some(followed) = self.sessions.get_mut(&session_id) else {
+            return 0;
+        };
+        let taken = msg
+            .code
+            .iter()
+            .filter(|code| normalise(code).is_some())
+            .count();
+        followed.model.hint(msg.code);
+        followed.tried.clear();
+        self.schedule(&session_id, ctx);
+        taken
+    }
+}
