@@ -18,8 +18,8 @@ use pyvisor_actors::SessionLimits;
 use pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES;
 
 pub use file::{
-    EngineSettings, LimitSettings, LoadContext, Loaded, Origin, PoolSettings, ServerSettings,
-    Settings, StateSettings,
+    EngineSettings, LimitSettings, LoadContext, Loaded, Origin, PoolSettings, ProactiveSettings,
+    ServerSettings, Settings, StateSettings,
 };
 
 /// How an [`crate::Engine`] runs its workers.
@@ -49,6 +49,34 @@ pub struct EngineConfig {
     pub use_cgroups: bool,
     /// Where and how sessions keep checkpoints.
     pub state: StateConfig,
+    /// Computing ahead of sessions' requests while they are idle.
+    pub proactive: ProactiveConfig,
+}
+
+/// Proactive computation: predicting each idle session's next code, running it in a fork of
+/// its worker, and answering from that result when, and only when, a real run would answer
+/// the same.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProactiveConfig {
+    /// Whether a session that does not say is proactive.
+    pub enabled: bool,
+    /// Share of one core that speculation may use over time, for the whole engine.
+    pub cpu_budget: f64,
+    /// Bytes of speculative answers held at most, for the whole engine.
+    pub cache_bytes: u64,
+    /// Start no speculation while the machine has more runnable threads than CPUs.
+    pub yield_to_load: bool,
+}
+
+impl Default for ProactiveConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            cpu_budget: 0.1,
+            cache_bytes: 100 * 1024 * 1024,
+            yield_to_load: true,
+        }
+    }
 }
 
 /// Checkpoint settings: where they live, how many, how big, and when they are taken.
@@ -103,6 +131,7 @@ impl Default for EngineConfig {
                 .unwrap_or(1),
             use_cgroups: true,
             state: StateConfig::default(),
+            proactive: ProactiveConfig::default(),
         }
     }
 }

@@ -17,9 +17,12 @@ use pyvisor_actors::checkpoint::{
 };
 use pyvisor_actors::metrics::EngineCounters;
 use pyvisor_actors::pool::{PoolConfig, PoolStats, Resize};
+use pyvisor_actors::proactive::cache::CacheLimits;
+use pyvisor_actors::proactive::predictor::PredictorConfig;
+use pyvisor_actors::proactive::stats::{ProactiveCounters, ProactiveStats};
 use pyvisor_actors::supervisor::{
-    CreateSession, FindSession, GetStats, Interpreter, ListSessions, SessionOptions, StateOptions,
-    StopAll, Supervisor, SupervisorConfig,
+    CreateSession, FindSession, GetStats, Interpreter, ListSessions, ProactiveOptions,
+    SessionOptions, StateOptions, StopAll, Supervisor, SupervisorConfig,
 };
 use pyvisor_actors::worker::{
     compile_worker_package, install_worker_package, resolve_interpreter, CgroupManager,
@@ -51,6 +54,8 @@ pub struct EngineStats {
     pub crashes: u64,
     /// Namespaces brought back from a checkpoint.
     pub restores: u64,
+    /// What proactive computation did: predictions, speculations, hits, CPU, cache.
+    pub proactive: ProactiveStats,
 }
 
 struct EngineInner {
@@ -58,6 +63,7 @@ struct EngineInner {
     /// The installed worker package, for interpreters other than the engine's.
     worker_package: PathBuf,
     counters: Arc<EngineCounters>,
+    proactive: Arc<ProactiveCounters>,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: ThreadId,
@@ -69,7 +75,8 @@ impl Engine {
         let (ready_tx, ready_rx) = oneshot::channel();
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         let counters = Arc::new(EngineCounters::default());
-        let shared = counters.clone();
+        let proactive = Arc::new(ProactiveCounters::default());
+        let shared = (counters.clone(), proactive.clone());
         let thread = thread::Builder::new()
             .name("pyvisor-engine".into())
             .spawn(move || run_system(config, shared, ready_tx, shutdown_rx))
@@ -81,6 +88,7 @@ impl Engine {
                     supervisor,
                     worker_package,
                     counters,
+                    proactive,
                     shutdown: Mutex::new(Some(shutdown_tx)),
                     thread: Mutex::new(Some(thread)),
                     thread_id,
@@ -149,6 +157,7 @@ impl Engine {
             executions: self.inner.counters.executions(),
             crashes: self.inner.counters.crashes(),
             restores: self.inner.counters.restores(),
+            proactive: self.inner.proactive.stats(),
         })
     }
 
@@ -189,7 +198,7 @@ impl Engine {
 /// Body of the engine thread: start the system, serve until shutdown, end every worker.
 fn run_system(
     config: EngineConfig,
-    counters: Arc<EngineCounters>,
+    counters: (Arc<EngineCounters>, Arc<ProactiveCounters>),
     ready: oneshot::Sender<Result<(Addr<Supervisor>, PathBuf), EngineError>>,
     shutdown: oneshot::Receiver<()>,
 ) {
@@ -226,7 +235,7 @@ fn run_system(
 /// and opens the checkpoint store (blocking; engine thread only).
 fn supervisor_config(
     config: &EngineConfig,
-    counters: Arc<EngineCounters>,
+    (counters, proactive): (Arc<EngineCounters>, Arc<ProactiveCounters>),
 ) -> Result<(SupervisorConfig, PathBuf, Option<Scratch>), EngineError> {
     let python = resolve_interpreter(&config.python)?;
     let package = install_worker_package(&config.cache_dir())?;
@@ -259,6 +268,18 @@ fn supervisor_config(
         pool: config.pool.clone(),
         counters,
         state,
+        proactive: ProactiveOptions {
+            by_default: config.proactive.enabled,
+            predictor: PredictorConfig {
+                cpu_budget: config.proactive.cpu_budget,
+                yield_to_load: config.proactive.yield_to_load,
+            },
+            cache: CacheLimits {
+                bytes: config.proactive.cache_bytes,
+                ..CacheLimits::default()
+            },
+            counters: proactive,
+        },
     };
     Ok((supervisor, package, scratch))
 }

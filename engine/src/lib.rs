@@ -25,12 +25,13 @@ mod scratch;
 pub mod server;
 mod session;
 
-pub use config::{EngineConfig, StateConfig};
+pub use config::{EngineConfig, ProactiveConfig, StateConfig};
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;
 pub use pyvisor_actors::checkpoint::CheckpointInfo;
 pub use pyvisor_actors::metrics::describe as describe_metrics;
 pub use pyvisor_actors::pool::{PoolConfig, PoolStats};
+pub use pyvisor_actors::proactive::stats::ProactiveStats;
 pub use pyvisor_actors::session::{
     AutoCheckpoint, CheckpointSummary, DurabilityReport, Inspection, RestoreSummary, SessionPhase,
     SessionSnapshot,

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 
 use futures::Stream;
 use pyvisor_actors::checkpoint::{CheckpointId, CheckpointInfo};
+use pyvisor_actors::proactive::predictor::Hint;
 use pyvisor_actors::session::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Execute, ExecutionTicket, GetInfo,
     Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary, SendInput, SessionSnapshot,
@@ -142,6 +143,26 @@ impl Session {
     /// Raises `KeyboardInterrupt` in the running code; false if nothing was running.
     pub async fn interrupt(&self) -> Result<bool, EngineError> {
         Ok(self.handle.addr.send(Interrupt).await?)
+    }
+
+    /// Tells the engine that the session will likely run `code` soon: while the session is
+    /// idle, it is computed ahead (in a fork of the worker, never in the namespace) and
+    /// answers the request for it if nothing it read has changed. Returns how many snippets
+    /// were taken; 0 when the session is not proactive.
+    pub async fn hint(&self, code: Vec<String>) -> Result<usize, EngineError> {
+        let Some(predictor) = &self.handle.predictor else {
+            return Ok(0);
+        };
+        let hint = Hint {
+            session_id: self.handle.session_id.clone(),
+            code,
+        };
+        Ok(predictor.send(hint).await?)
+    }
+
+    /// Whether the engine computes ahead of this session's requests.
+    pub fn proactive(&self) -> bool {
+        self.handle.predictor.is_some()
     }
 
     /// A snapshot of the session's state.

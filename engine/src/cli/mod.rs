@@ -8,6 +8,7 @@ mod drive;
 mod exec;
 mod lines;
 mod repl;
+mod replay;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -16,6 +17,7 @@ pub use config::ConfigCommand;
 pub use daemon::DaemonCommand;
 pub use exec::ExecArgs;
 pub use repl::ReplArgs;
+pub use replay::ReplayArgs;
 pub use serve::ServeArgs;
 
 /// Exit status for usage and configuration errors (SPEC.md §1).
@@ -47,6 +49,8 @@ enum Command {
         #[command(subcommand)]
         command: DaemonCommand,
     },
+    /// Replay recorded analysis sessions and report how much was answered from speculation.
+    Replay(ReplayArgs),
 }
 
 /// Runs the parsed command and returns the process exit status.
@@ -57,5 +61,6 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Config { command } => config::run(command),
         Command::Serve(args) => serve::run(args).await,
         Command::Daemon { command } => daemon::run(command).await,
+        Command::Replay(args) => replay::run(args).await,
     }
 }

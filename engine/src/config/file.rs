@@ -27,6 +27,9 @@ use toml::{Table, Value};
 use super::EngineConfig;
 use crate::errors::ConfigError;
 
+mod proactive;
+pub use proactive::ProactiveSettings;
+
 /// The variable that names a config file, second in the search order.
 const CONFIG_VAR: &str = "PYVISOR_CONFIG";
 
@@ -50,6 +53,7 @@ pub struct Settings {
     pub pool: PoolSettings,
     pub limits: LimitSettings,
     pub state: StateSettings,
+    pub proactive: ProactiveSettings,
 }
 
 /// `[server]`: how the daemon listens and runs.
@@ -379,6 +383,7 @@ impl Settings {
             pool,
             limits,
             state,
+            proactive,
         } = self;
         if !server.http.is_empty() && super::resolve::http_addr(&server.http).is_none() {
             return Err((
@@ -425,6 +430,7 @@ impl Settings {
         at_least("state.session_disk_mb", state.session_disk_mb as usize, 1)?;
         at_least("state.total_disk_mb", state.total_disk_mb as usize, 1)?;
         seconds("state.auto_min_interval_s", state.auto_min_interval_s, true)?;
+        proactive.validate()?;
         Ok(())
     }
 }

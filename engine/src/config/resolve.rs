@@ -133,6 +133,7 @@ impl Settings {
                     min_interval: duration(state.auto_min_interval_s),
                 },
             },
+            proactive: self.proactive.config(),
             ..defaults
         }
     }

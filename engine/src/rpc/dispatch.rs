@@ -90,6 +90,7 @@ impl Dispatcher {
             method::INFO => encode(self.info(decode(params)?).await?),
             method::LIST => encode(self.list(decode_or_default(params)?).await?),
             method::CLOSE => encode(self.close(decode(params)?).await?),
+            method::HINT => encode(self.hint(decode(params)?).await?),
             method::STATS => {
                 no_params(params)?;
                 encode(self.stats().await?)
@@ -127,6 +128,7 @@ impl Dispatcher {
             cwd: params.cwd.map(PathBuf::from),
             env: params.env.unwrap_or_default().into_iter().collect(),
             limits,
+            proactive: params.proactive,
         };
         let session = self.engine.create_session(options).await?;
         let (pid, python_version) = match session.pid() {
@@ -190,6 +192,7 @@ impl Dispatcher {
             request.transaction = transaction;
         }
         request.queue = params.queue.unwrap_or(true);
+        request.cache = params.cache.unwrap_or(true);
         request.input = params.stream;
         let session = self.session(&params.session_id).await?;
         if !params.stream {
@@ -346,7 +349,21 @@ impl Dispatcher {
             executions: stats.executions,
             crashes: stats.crashes,
             restores: stats.restores,
+            proactive: stats.proactive,
         })
+    }
+
+    async fn hint(&self, params: wire::HintParams) -> Result<wire::Hinted, RpcError> {
+        const MAX_HINTS: usize = 64;
+        if params.code.len() > MAX_HINTS {
+            return Err(RpcError::invalid_params(format!(
+                "code: at most {MAX_HINTS} snippets per hint, got {}",
+                params.code.len()
+            )));
+        }
+        let session = self.session(&params.session_id).await?;
+        let accepted = session.hint(params.code).await?;
+        Ok(wire::Hinted { accepted })
     }
 
     fn health(&self) -> wire::Health {
@@ -437,6 +454,7 @@ async fn session_info(session: &Session) -> Result<wire::SessionInfo, EngineErro
             lost_names: snapshot.durability.lost_names,
             failure: snapshot.durability.failure,
         },
+        proactive: snapshot.proactive,
     })
 }
 

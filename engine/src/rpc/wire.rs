@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 pub use pyvisor_actors::pool::PoolStats;
+pub use pyvisor_actors::proactive::stats::ProactiveStats;
 pub use pyvisor_actors::{DisplayData, ExecutionResult, OutputStream, Transaction};
 pub use pyvisor_protocol::LostName;
 
@@ -28,6 +29,10 @@ pub struct CreateParams {
     pub env: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitParams>,
+    /// Compute ahead of this session's requests; the engine's `[proactive] enabled` when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proactive: Option<bool>,
 }
 
 /// Per-session limits of `session.create`; absent ones keep the engine's defaults.
@@ -81,6 +86,9 @@ pub struct ExecuteParams {
     /// Wait behind a running execution (default) or fail with "session busy".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<bool>,
+    /// Whether a speculative answer may serve it (default); `false` runs it for real.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<bool>,
 }
 
 impl ExecuteParams {
@@ -93,6 +101,7 @@ impl ExecuteParams {
             stream: false,
             transaction: None,
             queue: None,
+            cache: None,
         }
     }
 }
@@ -189,6 +198,10 @@ pub struct SessionInfo {
     pub created_at: f64,
     pub last_checkpoint: Option<String>,
     pub durability: Durability,
+    /// The session's share of `engine.stats` `proactive` (`cache_bytes` is 0); absent
+    /// when the session is not proactive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proactive: Option<ProactiveStats>,
 }
 
 /// `durability` of `session.info`: whether a crash now would lose anything.
@@ -248,6 +261,22 @@ pub struct Stats {
     pub executions: u64,
     pub crashes: u64,
     pub restores: u64,
+    pub proactive: ProactiveStats,
+}
+
+/// `session.hint` params: code the caller expects the session to run soon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HintParams {
+    pub session_id: String,
+    pub code: Vec<String>,
+}
+
+/// `session.hint` result: how many snippets the predictor took (0 for a session that is not
+/// proactive; code that does not tokenize as Python is not taken).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hinted {
+    pub accepted: usize,
 }
 
 /// `engine.health` result.
@@ -298,6 +327,7 @@ pub mod method {
     pub const INFO: &str = "session.info";
     pub const LIST: &str = "session.list";
     pub const CLOSE: &str = "session.close";
+    pub const HINT: &str = "session.hint";
     pub const STATS: &str = "engine.stats";
     pub const HEALTH: &str = "engine.health";
 }

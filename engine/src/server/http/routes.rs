@@ -28,6 +28,7 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/sessions/{id}/checkpoint", web::post().to(checkpoint))
             .route("/sessions/{id}/restore", web::post().to(restore))
             .route("/sessions/{id}/checkpoints", web::get().to(checkpoints))
+            .route("/sessions/{id}/hint", web::post().to(hint))
             .route("/sessions/{id}/ws", web::get().to(ws::connect))
             .route("/stats", web::get().to(stats))
             .route("/health", web::get().to(health)),
@@ -123,6 +124,15 @@ async fn restore(
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     with_body(&state, method::RESTORE, id, body).await
+}
+
+/// `POST /v1/sessions/{id}/hint` with `{code: [..]}`.
+async fn hint(
+    state: web::Data<State>,
+    id: web::Path<String>,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    with_body(&state, method::HINT, id, body).await
 }
 
 /// `GET /v1/sessions/{id}/checkpoints`: newest first.
