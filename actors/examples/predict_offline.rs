@@ -26,10 +26,14 @@ fn main() -> ExitCode {
     let mut table_path: Option<PathBuf> = None;
     let mut hold_out: Vec<String> = Vec::new();
     let mut ks: Vec<usize> = vec![10, 30, 60];
+    let mut show_misses = 0;
+    let mut folds = 0usize;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--table" => table_path = args.next().map(PathBuf::from),
             "--hold-out" => hold_out = list(args.next()),
+            "--folds" => folds = args.next().and_then(|n| n.parse().ok()).unwrap_or(0),
+            "--misses" => show_misses = args.next().and_then(|n| n.parse().ok()).unwrap_or(0),
             "--k" => {
                 ks = list(args.next())
                     .iter()
@@ -47,6 +51,11 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(&format!("failed to read {}: {e}", input.display())),
     };
+    if folds > 1 {
+        let folded = cross_validate(&sequences, folds, &ks);
+        report(&format!("{folds}-fold by repository"), &folded, &ks);
+        return ExitCode::SUCCESS;
+    }
     let held = |cells: &&Vec<TraceCell>| {
         cells
             .first()
@@ -78,8 +87,58 @@ fn main() -> ExitCode {
         let mut learned = Learned::new();
         let held_out = evaluate(&test, &table, &mut learned, &ks, OFFERED);
         report("held-out repositories", &held_out, &ks);
+        for (before, cell) in held_out.misses.iter().take(show_misses) {
+            println!("--- missed after:\n{before}\n>>> {cell}");
+        }
     }
     ExitCode::SUCCESS
+}
+
+/// Splits the repositories into `folds` groups; each group is evaluated with a table
+/// learned from the others, and the figures are summed.
+fn cross_validate(sequences: &[Vec<TraceCell>], folds: usize, ks: &[usize]) -> Coverage {
+    let mut repositories: Vec<&str> = sequences
+        .iter()
+        .filter_map(|cells| cells.first().map(|c| repository(&c.sequence)))
+        .collect();
+    repositories.sort();
+    repositories.dedup();
+    let fold_of = |cells: &Vec<TraceCell>| {
+        let repo = cells.first().map_or("", |c| repository(&c.sequence));
+        repositories.iter().position(|r| *r == repo).unwrap_or(0) % folds
+    };
+    let mut total = Coverage::default();
+    for fold in 0..folds {
+        let limits = Limits::default();
+        let mut builder = TableBuilder::new();
+        for cells in sequences.iter().filter(|c| fold_of(c) != fold) {
+            builder.add_sequence(cells, limits.ranks);
+        }
+        let table = builder.build(&limits);
+        let test: Vec<Vec<TraceCell>> = sequences
+            .iter()
+            .filter(|c| fold_of(c) == fold)
+            .cloned()
+            .collect();
+        let part = evaluate(&test, &table, &mut Learned::new(), ks, OFFERED);
+        total.cells += part.cells;
+        total.single += part.single;
+        for (k, n) in part.covered {
+            *total.covered.entry(k).or_default() += n;
+        }
+        for (k, sources) in part.by_source {
+            for (source, n) in sources {
+                *total
+                    .by_source
+                    .entry(k)
+                    .or_default()
+                    .entry(source)
+                    .or_default() += n;
+            }
+        }
+        total.misses.extend(part.misses);
+    }
+    total
 }
 
 fn report(title: &str, coverage: &Coverage, ks: &[usize]) {
@@ -113,6 +172,6 @@ fn list(arg: Option<String>) -> Vec<String> {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!("predict_offline: {problem}");
-    eprintln!("usage: predict_offline FACTS.jsonl|SEQUENCES_DIR [--hold-out REPO,...] [--k 10,30,60] [--table TABLE.json]");
+    eprintln!("usage: predict_offline FACTS.jsonl|SEQUENCES_DIR [--hold-out REPO,...] [--k 10,30,60] [--table TABLE.json] [--misses N] [--folds N]");
     ExitCode::from(2)
 }

@@ -4,14 +4,18 @@
 
 use std::collections::HashMap;
 
+use super::chain::{drop_key, drop_key_general, join, kept_columns, split};
 use super::learned::Learned;
 use super::model::{column_class, Context, SessionModel};
+use super::normal::render;
 use super::normal::{normalise, single_expression};
 use super::prediction::{Prediction, Source};
 use super::syntax::assigned;
-use super::table::Table;
-use super::template::{absolute, instantiate, slots, Filling, Slot};
-use super::tokens::tokenize;
+use super::table::{Followers, Table};
+use super::template::{
+    absolute, attribute_columns, instantiate, instantiate_tokens, slots, Filling, Slot,
+};
+use super::tokens::{tokenize, Token};
 
 /// Below this a table entry is not worth filling.
 const MIN_SHARE: f64 = 1e-4;
@@ -59,11 +63,9 @@ struct Entry {
 }
 
 impl Pool {
+    /// Adds `p` to the guess `code`, which is in normal form.
     fn add(&mut self, code: String, template: String, source: Source, p: f64, cost_ms: f64) {
-        let Some(normal) = normalise(&code) else {
-            return;
-        };
-        let entry = self.entries.entry(normal).or_insert_with(|| Entry {
+        let entry = self.entries.entry(code.clone()).or_insert_with(|| Entry {
             code,
             template,
             by_source: [0.0; 5],
@@ -80,6 +82,7 @@ impl SessionModel {
         let mut out = self.hinted(table, learned);
         let mut pool = Pool::default();
         self.from_table(table, &mut pool);
+        self.from_chain(table, &mut pool);
         self.from_history(table, &mut pool);
         let mut ranked: Vec<Prediction> = pool
             .entries
@@ -218,9 +221,91 @@ impl SessionModel {
                     _ => Source::Template,
                 };
                 let template = absolute(rel);
-                for (code, fit, cost) in self.fillings(rel, &template, &context, table) {
-                    pool.add(code, template.clone(), source, p * fit, cost);
+                for (form, share) in self.column_forms(rel, table) {
+                    for (code, fit, cost) in self.fillings(
+                        &form,
+                        &template,
+                        &context,
+                        table,
+                        MIN_SHARE / (p * share),
+                        |c| c,
+                    ) {
+                        pool.add(code, template.clone(), source, p * share * fit, cost);
+                    }
                 }
+            }
+        }
+    }
+
+    /// Learned continuations of the last cell's method chain: its first trailers kept, the
+    /// last ones dropped, others added (`df[m]` then `df[m].shape`; `s.mean()` then
+    /// `s.median()`).
+    fn from_chain(&self, table: &Table, pool: &mut Pool) {
+        let Some(last) = self.history.back().filter(|l| l.single && l.ok) else {
+            return;
+        };
+        let scope = self.scope();
+        let Some(chain) = tokenize(&last.code).and_then(|t| split(&t, &scope)) else {
+            return;
+        };
+        let n = chain.trailers.len();
+        for keep in 0..=n {
+            let Some(general) = table.chain.get(&drop_key_general(n - keep)) else {
+                continue;
+            };
+            let specific = table.chain.get(&drop_key(&chain, n - keep, &scope));
+            let weight = specific.map_or(0.0, Followers::weight);
+            let mut guesses: HashMap<&str, f64> = HashMap::new();
+            for (followers, share) in [(specific, weight), (Some(general), 1.0 - weight)] {
+                let Some(followers) = followers else {
+                    continue;
+                };
+                let total = f64::from(followers.total.max(1));
+                for (rel, count) in &followers.top {
+                    *guesses.entry(rel.as_str()).or_default() += share * f64::from(*count) / total;
+                }
+            }
+            let context = Context {
+                key: String::new(),
+                vars: vec![chain.root.clone()],
+                cols: kept_columns(&chain, keep, &scope),
+            };
+            let mut guesses: Vec<(&str, f64)> = guesses.into_iter().collect();
+            guesses.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+            for (rel, p) in guesses.into_iter().filter(|(_, p)| *p >= MIN_SHARE) {
+                // Outcomes are recorded under the cut and what was added.
+                let template = format!("-{}:{}", n - keep, absolute(rel));
+                for (form, share) in self.column_forms(rel, table) {
+                    let wrap = |suffix: Vec<Token>| join(&chain, keep, suffix);
+                    for (code, fit, cost) in self.fillings(
+                        &form,
+                        &absolute(rel),
+                        &context,
+                        table,
+                        MIN_SHARE / (p * share),
+                        wrap,
+                    ) {
+                        pool.add(
+                            code,
+                            template.clone(),
+                            Source::Template,
+                            p * share * fit,
+                            cost,
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A template as counted (columns as subscripts) and, when it subscripts a column, as
+    /// an attribute access, each with the share this session's style gives it.
+    fn column_forms(&self, rel: &str, table: &Table) -> Vec<(String, f64)> {
+        match attribute_columns(rel) {
+            None => vec![(rel.to_string(), 1.0)],
+            Some(attribute) => {
+                let share = self.attribute_share(table);
+                vec![(rel.to_string(), 1.0 - share), (attribute, share)]
             }
         }
     }
@@ -276,13 +361,16 @@ impl SessionModel {
     }
 
     /// The ways to fill the free slots of `rel` in this session, each with its code, how
-    /// well it fits (learned shares of ranks, kinds and column classes) and its default cost.
+    /// well it fits (learned shares of ranks, kinds and column classes) and its default cost;
+    /// fillings that fit less than `floor` are not worth writing.
     fn fillings(
         &self,
         rel: &str,
         template: &str,
         context: &Context,
         table: &Table,
+        floor: f64,
+        wrap: impl Fn(Vec<Token>) -> Vec<Token>,
     ) -> Vec<(String, f64, f64)> {
         let slots = slots(rel);
         // Each partial filling: free variables, free columns, the frame the next column
@@ -308,6 +396,7 @@ impl SessionModel {
                     next.push(part);
                 }
             }
+            next.retain(|part| part.fit >= floor);
             next.sort_by(|a, b| b.fit.total_cmp(&a.fit));
             next.truncate(MAX_FILLINGS);
             partial = next;
@@ -322,10 +411,12 @@ impl SessionModel {
                     vars: &part.vars,
                     cols: &part.cols,
                 };
-                let code = instantiate(rel, &filling)?;
-                let single = tokenize(&code).is_some_and(|t| single_expression(&t));
+                let tokens = wrap(instantiate_tokens(rel, &filling)?);
+                if !single_expression(&tokens) {
+                    return None;
+                }
                 let named: Vec<String> = part.vars.iter().chain(&context.vars).cloned().collect();
-                single.then(|| (code, part.fit, self.default_cost(&named)))
+                Some((render(&tokens), part.fit, self.default_cost(&named)))
             })
             .collect()
     }

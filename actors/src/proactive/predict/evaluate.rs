@@ -22,6 +22,8 @@ pub struct Coverage {
     pub covered: BTreeMap<usize, usize>,
     /// K to the covered cells by the source of the guess that matched.
     pub by_source: BTreeMap<usize, BTreeMap<&'static str, usize>>,
+    /// Single expressions no guess matched: the cell before and the cell.
+    pub misses: Vec<(String, String)>,
 }
 
 impl Coverage {
@@ -53,6 +55,11 @@ pub fn evaluate(
                 let rank = guesses
                     .iter()
                     .position(|g| Some(&g.normal) == normal.as_ref());
+                if rank.is_none() && is_single_expression(&cell.code) {
+                    coverage
+                        .misses
+                        .push((cells[i - 1].code.clone(), cell.code.clone()));
+                }
                 if let Some(rank) = rank {
                     for &k in ks.iter().filter(|&&k| rank < k) {
                         *coverage.covered.entry(k).or_default() += 1;

@@ -5,11 +5,13 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use super::chain::{added, drop_key, drop_key_general, split};
 use super::model::{column_class, SessionModel};
 use super::normal::{is_single_expression, normalise};
 use super::offline::TraceCell;
 use super::table::{Followers, Rate, Table};
-use super::template::{relative, Template};
+use super::template::{absolute, relative, subscript_columns, Template};
+use super::tokens::tokenize;
 
 /// How much of the counts a table keeps.
 #[derive(Debug, Clone, Copy)]
@@ -18,6 +20,8 @@ pub struct Limits {
     pub per_cell_context: usize,
     pub per_object_context: usize,
     pub unconditional: usize,
+    /// Followers kept per chain context.
+    pub per_chain_context: usize,
     /// Contexts of a whole cell or statement seen fewer times are dropped.
     pub min_context: u32,
     /// At most this many contexts, the most frequent.
@@ -31,6 +35,7 @@ impl Default for Limits {
         Limits {
             per_cell_context: 12,
             per_object_context: 60,
+            per_chain_context: 30,
             unconditional: 300,
             min_context: 2,
             contexts: 1500,
@@ -39,13 +44,87 @@ impl Default for Limits {
     }
 }
 
+/// Followers counted per context.
+#[derive(Debug, Default)]
+struct Counts {
+    followers: HashMap<String, HashMap<String, u32>>,
+    totals: HashMap<String, u32>,
+    distinct: HashMap<String, HashSet<String>>,
+}
+
+impl Counts {
+    /// One cell after `context`, whose template relative to it is `rel`; `servable` says
+    /// whether it may be predicted (a single expression).
+    fn add(&mut self, context: &str, rel: Option<&str>, servable: bool) {
+        *self.totals.entry(context.to_string()).or_default() += 1;
+        let Some(rel) = rel else {
+            return;
+        };
+        self.distinct
+            .entry(context.to_string())
+            .or_default()
+            .insert(rel.to_string());
+        if servable {
+            *self
+                .followers
+                .entry(context.to_string())
+                .or_default()
+                .entry(rel.to_string())
+                .or_default() += 1;
+        }
+    }
+
+    /// The contexts seen at least `min` times (those `keep` allows any number of times), the
+    /// most frequent first, each with its top followers.
+    fn build(
+        &self,
+        limit: usize,
+        keep: impl Fn(&str) -> (usize, u32),
+    ) -> BTreeMap<String, Followers> {
+        let mut contexts: Vec<(&String, u32)> = self
+            .totals
+            .iter()
+            .filter(|(key, &total)| total >= keep(key).1)
+            .map(|(k, &t)| (k, t))
+            .collect();
+        contexts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        contexts.truncate(limit);
+        let mut out = BTreeMap::new();
+        for (key, total) in contexts {
+            let (size, min) = keep(key);
+            let mut top: Vec<(String, u32)> = self
+                .followers
+                .get(key)
+                .map(|m| m.iter().map(|(r, &c)| (r.clone(), c)).collect())
+                .unwrap_or_default();
+            // A follower seen once after a specific context is noise, not a pattern.
+            top.retain(|(_, c)| *c >= min);
+            top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            top.truncate(size);
+            if top.is_empty() {
+                continue;
+            }
+            let distinct = self.distinct.get(key).map_or(0, |d| d.len() as u32);
+            out.insert(
+                key.clone(),
+                Followers {
+                    total,
+                    distinct,
+                    top,
+                },
+            );
+        }
+        out
+    }
+}
+
 /// Counts of the corpus, turned into a [`Table`] by [`TableBuilder::build`].
 #[derive(Debug, Default)]
 pub struct TableBuilder {
     cells: u64,
-    next: HashMap<String, HashMap<String, u32>>,
-    totals: HashMap<String, u32>,
-    distinct: HashMap<String, HashSet<String>>,
+    next: Counts,
+    chain: Counts,
+    attribute_columns: Rate,
     var_rank: Vec<u64>,
     var_slots: u64,
     col_rank: Vec<u64>,
@@ -79,24 +158,15 @@ impl TableBuilder {
     fn count(&mut self, model: &SessionModel, next: &Template, cell: &TraceCell, ranks: usize) {
         let single = is_single_expression(&cell.code);
         for context in model.contexts() {
-            let rel = relative(next, &context.vars, &context.cols);
-            *self.totals.entry(context.key.clone()).or_default() += 1;
-            self.distinct
-                .entry(context.key.clone())
-                .or_default()
-                .insert(rel.clone());
-            if single {
-                *self
-                    .next
-                    .entry(context.key)
-                    .or_default()
-                    .entry(rel)
-                    .or_default() += 1;
-            }
+            let rel = subscript_columns(&relative(next, &context.vars, &context.cols));
+            self.next.add(&context.key, Some(&rel), single);
         }
+        self.count_chain(model, cell);
         if !single {
             return;
         }
+        self.attribute_columns.trials += next.cols.len() as u64;
+        self.attribute_columns.hits += next.key.matches(".$c").count() as u64;
         for name in &next.vars {
             self.var_slots += 1;
             if let Some(rank) = model.recent_objects().iter().position(|n| n == name) {
@@ -119,7 +189,7 @@ impl TableBuilder {
         if let Some(first) = next.vars.first() {
             *self
                 .kinds
-                .entry(next.key.clone())
+                .entry(subscript_columns(&next.key))
                 .or_default()
                 .entry(model.kind(first).to_string())
                 .or_default() += 1;
@@ -132,7 +202,7 @@ impl TableBuilder {
                 let class = column_class(column, object.and_then(|o| o.len));
                 *self
                     .col_classes
-                    .entry(next.key.clone())
+                    .entry(subscript_columns(&next.key))
                     .or_default()
                     .entry(class)
                     .or_default() += 1;
@@ -146,55 +216,69 @@ impl TableBuilder {
             .filter(|(code, _, _)| normalise(code) == normal)
             .count() as u64;
         if cell.ok() && cell.duration_ms > 0.0 {
-            let r = self.runtimes.entry(next.key.clone()).or_default();
+            let r = self
+                .runtimes
+                .entry(subscript_columns(&next.key))
+                .or_default();
             r.0 += 1;
             r.1 += cell.duration_ms;
         }
     }
 
+    /// Counts what the cell added to the last cell's chain, after every way of cutting it.
+    fn count_chain(&mut self, model: &SessionModel, cell: &TraceCell) {
+        let Some(last) = model.history().last().filter(|l| l.single && l.ok) else {
+            return;
+        };
+        let scope = model.scope();
+        let Some(prev) = tokenize(&last.code).and_then(|t| split(&t, &scope)) else {
+            return;
+        };
+        let next = tokenize(&cell.code)
+            .filter(|_| is_single_expression(&cell.code))
+            .and_then(|t| split(&t, &scope));
+        let n = prev.trailers.len();
+        // The longest kept prefix that the next cell extends.
+        let event = next.as_ref().and_then(|next| {
+            (0..=n)
+                .rev()
+                .find_map(|keep| added(&prev, keep, next, &scope).map(|rel| (keep, rel)))
+        });
+        for keep in 0..=n {
+            let rel = event
+                .as_ref()
+                .filter(|(k, _)| *k == keep)
+                .map(|(_, rel)| subscript_columns(rel));
+            for key in [
+                drop_key(&prev, n - keep, &scope),
+                drop_key_general(n - keep),
+            ] {
+                self.chain.add(&key, rel.as_deref(), true);
+            }
+        }
+    }
+
     /// The table, cut to `limits`.
     pub fn build(self, limits: &Limits) -> Table {
-        let mut contexts: Vec<(String, u32)> = self
-            .totals
-            .iter()
-            .filter(|(key, &total)| !is_cell_context(key) || total >= limits.min_context)
-            .map(|(k, &t)| (k.clone(), t))
-            .collect();
-        contexts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        contexts.truncate(limits.contexts);
-        let mut next = BTreeMap::new();
-        let mut used: HashSet<String> = HashSet::new();
-        for (key, total) in contexts {
-            let keep = if key == "u" {
-                limits.unconditional
-            } else if is_cell_context(&key) {
-                limits.per_cell_context
+        let next = self.next.build(limits.contexts, |key| {
+            if key == "u" {
+                (limits.unconditional, 1)
+            } else if is_cell_context(key) {
+                (limits.per_cell_context, limits.min_context)
             } else {
-                limits.per_object_context
-            };
-            let mut top: Vec<(String, u32)> = self
-                .next
-                .get(&key)
-                .map(|m| m.iter().map(|(r, &c)| (r.clone(), c)).collect())
-                .unwrap_or_default();
-            // A follower seen once after a specific context is noise, not a pattern.
-            top.retain(|(_, c)| *c >= 2 || !is_cell_context(&key));
-            top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            top.truncate(keep);
-            if top.is_empty() {
-                continue;
+                (limits.per_object_context, 1)
             }
-            used.extend(top.iter().map(|(r, _)| super::template::absolute(r)));
-            let distinct = self.distinct.get(&key).map_or(0, |d| d.len() as u32);
-            next.insert(
-                key,
-                Followers {
-                    total,
-                    distinct,
-                    top,
-                },
-            );
-        }
+        });
+        let chain = self.chain.build(limits.contexts, |key| {
+            let general = key.ends_with(":*");
+            let min = if general { 1 } else { limits.min_context };
+            (limits.per_chain_context, min)
+        });
+        let used: HashSet<String> = next
+            .values()
+            .chain(chain.values())
+            .flat_map(|f| f.top.iter().map(|(r, _)| absolute(r)))
+            .collect();
         let keep = |m: HashMap<String, BTreeMap<String, u32>>| -> BTreeMap<_, _> {
             m.into_iter().filter(|(k, _)| used.contains(k)).collect()
         };
@@ -206,6 +290,8 @@ impl TableBuilder {
             kinds: keep(self.kinds),
             col_classes: keep(self.col_classes),
             history: self.history,
+            chain,
+            attribute_columns: self.attribute_columns,
             runtime_ms: self
                 .runtimes
                 .iter()

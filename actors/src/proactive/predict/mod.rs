@@ -6,6 +6,7 @@
 //! into ranked [`Prediction`]s, and [`Learned`] tunes them from the outcomes.
 
 mod candidates;
+mod chain;
 mod evaluate;
 mod learn;
 mod learned;

@@ -274,6 +274,18 @@ impl SessionModel {
         out
     }
 
+    /// The share of column accesses this session writes as attributes (`df.a`), starting
+    /// from the corpus's share.
+    pub fn attribute_share(&self, table: &super::table::Table) -> f64 {
+        let (mut attribute, mut all) = (0.0, 0.0);
+        for cell in &self.history {
+            attribute += cell.template.key.matches(".$c").count() as f64;
+            all += cell.template.cols.len() as f64;
+        }
+        let prior = table.attribute_columns.smoothed(2.0).clamp(0.05, 0.95);
+        (attribute + 2.0 * prior) / (all + 2.0)
+    }
+
     fn bump(&mut self, name: &str) {
         self.recency.retain(|n| n != name);
         self.recency.insert(0, name.to_string());

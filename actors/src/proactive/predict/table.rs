@@ -61,6 +61,13 @@ pub struct Table {
     pub col_classes: BTreeMap<String, BTreeMap<String, u32>>,
     /// How often re-applying an earlier cell of the session to another object was right.
     pub history: Rate,
+    /// Chain contexts (the last cell with its last trailers dropped, see `chain.rs`) to the
+    /// trailers the next cell added, relative to the kept part.
+    #[serde(default)]
+    pub chain: BTreeMap<String, Followers>,
+    /// How often a column was accessed as an attribute (`df.a`) rather than a subscript.
+    #[serde(default)]
+    pub attribute_columns: Rate,
     /// Mean runtime of each template in the corpus, in milliseconds.
     pub runtime_ms: BTreeMap<String, f64>,
 }

@@ -164,7 +164,7 @@ fn slot_like(text: &str) -> Token {
 /// The slots of a template key, in order of first appearance.
 pub fn slots(key: &str) -> Vec<Slot> {
     let mut out: Vec<Slot> = Vec::new();
-    for token in tokenize_template(key).unwrap_or_default() {
+    for token in tokenize_template(key).unwrap_or_default().iter() {
         if let Some(slot) = Slot::parse(&token.text).filter(|_| token.kind == Kind::Slot) {
             if !out.contains(&slot) {
                 out.push(slot);
@@ -179,11 +179,11 @@ pub fn slots(key: &str) -> Vec<Slot> {
 fn rewrite(key: &str, mut map: impl FnMut(Slot, bool) -> Option<Token>) -> Option<Vec<Token>> {
     let tokens = tokenize_template(key)?;
     let mut out: Vec<Token> = Vec::with_capacity(tokens.len());
-    for token in tokens {
+    for token in tokens.iter() {
         let after_dot = out.last().is_some_and(|t| t.is_op("."));
         out.push(match token.kind {
             Kind::Slot => map(Slot::parse(&token.text)?, after_dot)?,
-            _ => token,
+            _ => token.clone(),
         });
     }
     Some(out)
@@ -236,7 +236,12 @@ pub struct Filling<'a> {
 /// The code of `key` with its slots filled; `None` when a slot is missing or a label cannot
 /// be written where it stands.
 pub fn instantiate(key: &str, filling: &Filling) -> Option<String> {
-    let tokens = rewrite(key, |slot, after_dot| {
+    instantiate_tokens(key, filling).map(|t| render(&t))
+}
+
+/// [`instantiate`], as tokens.
+pub fn instantiate_tokens(key: &str, filling: &Filling) -> Option<Vec<Token>> {
+    rewrite(key, |slot, after_dot| {
         let names = match (slot.prev, slot.column) {
             (true, true) => filling.prev_cols,
             (true, false) => filling.prev_vars,
@@ -259,8 +264,69 @@ pub fn instantiate(key: &str, filling: &Filling) -> Option<String> {
             text: format!("'{name}'"),
             value: Some(name.clone()),
         })
-    });
-    tokens.map(|t| render(&t))
+    })
+}
+
+/// The key with every attribute access of a column slot (`$0.$c0`) written as a subscript
+/// (`$0[$c0]`): the form templates are counted in.
+pub fn subscript_columns(key: &str) -> String {
+    convert_column_access(key, true).unwrap_or_else(|| key.to_string())
+}
+
+/// The key with every subscript of a single column slot written as an attribute access;
+/// `None` when it has none.
+pub fn attribute_columns(key: &str) -> Option<String> {
+    convert_column_access(key, false)
+}
+
+fn convert_column_access(key: &str, to_subscript: bool) -> Option<String> {
+    let tokens = tokenize_template(key)?;
+    let is_column =
+        |t: &Token| t.kind == Kind::Slot && Slot::parse(&t.text).is_some_and(|s| s.column);
+    let mut out: Vec<Token> = Vec::with_capacity(tokens.len());
+    let mut changed = false;
+    let mut i = 0;
+    while i < tokens.len() {
+        let t = &tokens[i];
+        let after_object = out.last().is_some_and(|p: &Token| {
+            matches!(p.kind, Kind::Slot | Kind::Name) || p.is_op(")") || p.is_op("]")
+        });
+        if to_subscript && t.is_op(".") && tokens.get(i + 1).is_some_and(is_column) {
+            out.push(Token {
+                kind: Kind::Op,
+                text: "[".into(),
+                value: None,
+            });
+            out.push(tokens[i + 1].clone());
+            out.push(Token {
+                kind: Kind::Op,
+                text: "]".into(),
+                value: None,
+            });
+            changed = true;
+            i += 2;
+            continue;
+        }
+        if !to_subscript
+            && after_object
+            && t.is_op("[")
+            && tokens.get(i + 1).is_some_and(is_column)
+            && tokens.get(i + 2).is_some_and(|c| c.is_op("]"))
+        {
+            out.push(Token {
+                kind: Kind::Op,
+                text: ".".into(),
+                value: None,
+            });
+            out.push(tokens[i + 1].clone());
+            changed = true;
+            i += 3;
+            continue;
+        }
+        out.push(t.clone());
+        i += 1;
+    }
+    changed.then(|| render(&out))
 }
 
 /// Renumbers every slot of a (possibly relative) key in order of appearance, giving the
@@ -363,6 +429,19 @@ mod tests {
             4,
             "two previous and two free slots in {rel}"
         );
+    }
+
+    #[test]
+    fn column_access_converts_between_forms() {
+        assert_eq!(
+            subscript_columns("$0.$c0.mean()+$1.$pc0"),
+            "$0[$c0].mean()+$1[$pc0]"
+        );
+        assert_eq!(
+            attribute_columns("$0[$c0].mean()+$0[[$c1]]").as_deref(),
+            Some("$0.$c0.mean()+$0[[$c1]]")
+        );
+        assert_eq!(attribute_columns("$0.head()"), None);
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! It also reads the slot markers of templates (`$0`, `$c1`, `$p0`, `$pc0`), which no Python
 //! code contains, when asked to.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
 /// What a token is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -62,9 +66,25 @@ pub fn tokenize(code: &str) -> Option<Vec<Token>> {
     Lexer::new(code, false).run()
 }
 
-/// Tokenizes a template, whose slot markers become [`Kind::Slot`] tokens.
-pub fn tokenize_template(key: &str) -> Option<Vec<Token>> {
-    Lexer::new(key, true).run()
+/// Tokenizes a template, whose slot markers become [`Kind::Slot`] tokens. Templates come
+/// from a small set (the table's), so their tokens are kept per thread.
+pub fn tokenize_template(key: &str) -> Option<Rc<Vec<Token>>> {
+    thread_local! {
+        static TEMPLATES: RefCell<HashMap<String, Option<Rc<Vec<Token>>>>> =
+            RefCell::new(HashMap::new());
+    }
+    TEMPLATES.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some(tokens) = cache.get(key) {
+            return tokens.clone();
+        }
+        if cache.len() > 50_000 {
+            cache.clear();
+        }
+        let tokens = Lexer::new(key, true).run().map(Rc::new);
+        cache.insert(key.to_string(), tokens.clone());
+        tokens
+    })
 }
 
 struct Lexer {

@@ -1,0 +1,181 @@
+//! Method chains: a single expression seen as an object and its trailers (`df[df.a > 3]`
+//! `.sort_values('b')` `.head()`), so that what follows a cell can be learned as "keep its
+//! first trailers, drop the last ones, add these": `df[df.a > 3]` then `df[df.a > 3].shape`,
+//! `s.mean()` then `s.median()`, whatever the filter or the object.
+
+use super::template::{abstract_tokens, relative, Scope};
+use super::tokens::{Kind, Token};
+
+/// A single expression as an object name and the trailers applied to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chain {
+    /// The variable the chain starts at.
+    pub root: String,
+    /// `.name`, `.name(...)`, `[...]` or `(...)`, in order.
+    pub trailers: Vec<Vec<Token>>,
+}
+
+/// Splits a single expression into a chain; `None` when it is not a variable followed by
+/// trailers only (a binary operation, a call of a function, a literal).
+pub fn split(tokens: &[Token], scope: &Scope) -> Option<Chain> {
+    let (first, mut rest) = tokens.split_first()?;
+    if first.kind != Kind::Name || !scope.vars.contains(&first.text) {
+        return None;
+    }
+    let mut trailers = Vec::new();
+    while let Some(head) = rest.first() {
+        let len = if head.is_op(".") {
+            match rest.get(1) {
+                Some(name) if name.kind == Kind::Name => {
+                    if rest.get(2).is_some_and(|t| t.is_op("(")) {
+                        2 + group_len(&rest[2..])?
+                    } else {
+                        2
+                    }
+                }
+                _ => return None,
+            }
+        } else if head.is_op("[") || head.is_op("(") {
+            group_len(rest)?
+        } else {
+            return None;
+        };
+        trailers.push(rest[..len].to_vec());
+        rest = &rest[len..];
+    }
+    Some(Chain {
+        root: first.text.clone(),
+        trailers,
+    })
+}
+
+/// The length of the bracketed group at the start of `tokens`.
+fn group_len(tokens: &[Token]) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, token) in tokens.iter().enumerate() {
+        if token.kind != Kind::Op {
+            continue;
+        }
+        match token.text.as_str() {
+            "(" | "[" | "{" => depth += 1,
+            ")" | "]" | "}" => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+impl Chain {
+    /// The root and the first `keep` trailers, as tokens.
+    pub fn prefix(&self, keep: usize) -> Vec<Token> {
+        let mut out = vec![Token {
+            kind: Kind::Name,
+            text: self.root.clone(),
+            value: None,
+        }];
+        for trailer in self.trailers.iter().take(keep) {
+            out.extend(trailer.iter().cloned());
+        }
+        out
+    }
+
+    /// The trailers from `from` on, as tokens.
+    pub fn suffix(&self, from: usize) -> Vec<Token> {
+        self.trailers.iter().skip(from).flatten().cloned().collect()
+    }
+}
+
+/// The key of the context "the last cell, with its last `drop` trailers dropped": those
+/// trailers with names and literals generalised, or `#` and the count when none.
+pub fn drop_key(chain: &Chain, drop: usize, scope: &Scope) -> String {
+    let from = chain.trailers.len() - drop;
+    let dropped = abstract_tokens(&chain.suffix(from), scope);
+    format!("-{drop}:{}", dropped.context)
+}
+
+/// The general key of dropping `drop` trailers.
+pub fn drop_key_general(drop: usize) -> String {
+    format!("-{drop}:*")
+}
+
+/// The trailers `next` adds after keeping the first `keep` of `prev`, relative to the root
+/// (`$p0`) and the columns of the kept part (`$pc…`); `None` when `next` does not start with
+/// that prefix or adds nothing.
+pub fn added(prev: &Chain, keep: usize, next: &Chain, scope: &Scope) -> Option<String> {
+    if next.root != prev.root
+        || next.trailers.len() <= keep
+        || prev.trailers.len() < keep
+        || next.trailers[..keep] != prev.trailers[..keep]
+    {
+        return None;
+    }
+    let kept = abstract_tokens(&prev.prefix(keep), scope);
+    let add = abstract_tokens(&next.suffix(keep), scope);
+    Some(relative(&add, &[prev.root.clone()], &kept.cols))
+}
+
+/// The columns the kept part of a chain uses, for `$pc…` slots.
+pub fn kept_columns(chain: &Chain, keep: usize, scope: &Scope) -> Vec<String> {
+    abstract_tokens(&chain.prefix(keep), scope).cols
+}
+
+/// The kept part of a chain followed by an added suffix.
+pub fn join(chain: &Chain, keep: usize, suffix: Vec<Token>) -> Vec<Token> {
+    let mut out = chain.prefix(keep);
+    out.extend(suffix);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::normal::render;
+    use super::super::tokens::tokenize;
+    use super::*;
+
+    fn scope() -> Scope {
+        Scope {
+            vars: ["df".to_string()].into(),
+            columns: ["a".to_string(), "b".to_string()].into(),
+        }
+    }
+
+    fn chain(code: &str) -> Chain {
+        split(&tokenize(code).expect("tokenizes"), &scope()).expect("a chain")
+    }
+
+    #[test]
+    fn expressions_split_into_trailers() {
+        let c = chain("df[df.a > 3].sort_values('b').head(5).shape");
+        assert_eq!(c.root, "df");
+        let parts: Vec<String> = c.trailers.iter().map(|t| render(t)).collect();
+        assert_eq!(
+            parts,
+            ["[df.a>3]", ".sort_values('b')", ".head(5)", ".shape"]
+        );
+        assert!(split(&tokenize("df.a + 1").expect("tokenizes"), &scope()).is_none());
+        assert!(split(&tokenize("len(df)").expect("tokenizes"), &scope()).is_none());
+    }
+
+    #[test]
+    fn what_a_cell_adds_to_the_last_is_relative_to_it() {
+        let s = scope();
+        let prev = chain("df[df['a'] > 3]");
+        let next = chain("df[df['a'] > 3].groupby('b').size()");
+        assert_eq!(
+            added(&prev, 1, &next, &s).as_deref(),
+            Some(".groupby($c0).size()")
+        );
+        let prev = chain("df['a'].mean()");
+        let next = chain("df['a'].median()");
+        assert_eq!(added(&prev, 1, &next, &s).as_deref(), Some(".median()"));
+        assert_eq!(drop_key(&prev, 1, &s), "-1:.mean()");
+        assert_eq!(added(&prev, 2, &next, &s), None);
+        let suffix = tokenize(".median()").expect("tokenizes");
+        assert_eq!(render(&join(&prev, 1, suffix)), "df['a'].median()");
+    }
+}
