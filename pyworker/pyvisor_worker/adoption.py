@@ -11,7 +11,7 @@ Reply: {"type": "adopt_done", "id", "fresh": bool, "reason": null | "changed df"
 "changed /data/x.csv" | "changed the ambient"}.
 """
 
-from pyvisor_worker import execution, fingerprints, state, surroundings
+from pyvisor_worker import execution, fingerprints, quiet, state, surroundings
 
 
 def adopt(request):
@@ -23,7 +23,8 @@ def adopt(request):
             or not isinstance(reads, list) or not isinstance(files, list)
             or not all(isinstance(stamp, dict) for stamp in reads + files)):
         raise TypeError("adopt request %r needs code, reads, files and ambient" % (adopt_id,))
-    reason = _stale(reads, files, ambient)
+    with quiet.quiet():
+        reason = _stale(reads, files, ambient)
     if reason is None:
         execution.count_cell(code)
     return adopt_done(adopt_id, reason)

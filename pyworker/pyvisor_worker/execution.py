@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 
-from pyvisor_worker import cells, changes, display, facts, protocol, state
+from pyvisor_worker import cells, changes, display, facts, protocol, quiet, state
 
 DEFAULT_REPR_LIMIT = 64 * 1024
 
@@ -140,7 +140,8 @@ def execute(request):
         error = describe_error(error, repr_limit)
     message = result(execution_id, value, error, changed, rolled_back)
     if recorder is not None:
-        message["facts"] = recorder.facts(watch)
+        with quiet.quiet():
+            message["facts"] = recorder.facts(watch)
     return message
 
 

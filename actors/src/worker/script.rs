@@ -39,6 +39,7 @@ pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("pyvisor_worker/prompts.py"),
     worker_file!("pyvisor_worker/protocol.py"),
     worker_file!("pyvisor_worker/purity.py"),
+    worker_file!("pyvisor_worker/quiet.py"),
     worker_file!("pyvisor_worker/restores.py"),
     worker_file!("pyvisor_worker/snippets.py"),
     worker_file!("pyvisor_worker/speculation.py"),
