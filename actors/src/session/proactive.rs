@@ -393,10 +393,6 @@ impl SessionActor {
             return;
         };
         flight.answered[index] = true;
-        eprintln!(
-            "DEBUG speculated {} servable={} refusal={:?} status={:?} err={:?}",
-            planned.code, outcome.servable, outcome.refusal, outcome.status, outcome.error
-        );
         proactive
             .setup
             .counters
