@@ -54,6 +54,7 @@ fn main() -> ExitCode {
     if folds > 1 {
         let folded = cross_validate(&sequences, folds, &ks);
         report(&format!("{folds}-fold by repository"), &folded, &ks);
+        show(&folded, show_misses);
         return ExitCode::SUCCESS;
     }
     let held = |cells: &&Vec<TraceCell>| {
@@ -87,9 +88,7 @@ fn main() -> ExitCode {
         let mut learned = Learned::new();
         let held_out = evaluate(&test, &table, &mut learned, &ks, OFFERED);
         report("held-out repositories", &held_out, &ks);
-        for (before, cell) in held_out.misses.iter().take(show_misses) {
-            println!("--- missed after:\n{before}\n>>> {cell}");
-        }
+        show(&held_out, show_misses);
     }
     ExitCode::SUCCESS
 }
@@ -159,6 +158,12 @@ fn report(title: &str, coverage: &Coverage, ks: &[usize]) {
             coverage.covered.get(k).copied().unwrap_or(0),
             sources.join(", ")
         );
+    }
+}
+
+fn show(coverage: &Coverage, misses: usize) {
+    for (before, cell) in coverage.misses.iter().take(misses) {
+        println!("--- missed after:\n{before}\n>>> {cell}");
     }
 }
 

@@ -51,7 +51,7 @@ impl Default for Partial {
 
 /// Guesses accumulated by normal form.
 #[derive(Default)]
-struct Pool {
+pub(super) struct Pool {
     entries: HashMap<String, Entry>,
 }
 
@@ -64,7 +64,14 @@ struct Entry {
 
 impl Pool {
     /// Adds `p` to the guess `code`, which is in normal form.
-    fn add(&mut self, code: String, template: String, source: Source, p: f64, cost_ms: f64) {
+    pub(super) fn add(
+        &mut self,
+        code: String,
+        template: String,
+        source: Source,
+        p: f64,
+        cost_ms: f64,
+    ) {
         let entry = self.entries.entry(code.clone()).or_insert_with(|| Entry {
             code,
             template,
@@ -81,9 +88,9 @@ impl SessionModel {
     pub fn predict(&self, table: &Table, learned: &Learned, limit: usize) -> Vec<Prediction> {
         let mut out = self.hinted(table, learned);
         let mut pool = Pool::default();
-        self.from_table(table, &mut pool);
-        self.from_chain(table, &mut pool);
-        self.from_history(table, &mut pool);
+        self.guess_from_table(table, &mut pool);
+        self.guess_from_chain(table, &mut pool);
+        self.guess_from_history(table, &mut pool);
         let mut ranked: Vec<Prediction> = pool
             .entries
             .into_iter()
@@ -195,7 +202,7 @@ impl SessionModel {
 
     /// Learned successors of each context of the last cell, backing off from the most
     /// specific context to the unconditional frequencies.
-    fn from_table(&self, table: &Table, pool: &mut Pool) {
+    fn guess_from_table(&self, table: &Table, pool: &mut Pool) {
         let mut mass = 1.0;
         for context in self.contexts() {
             let Some(followers) = table.next.get(&context.key) else {
@@ -240,7 +247,7 @@ impl SessionModel {
     /// Learned continuations of the last cell's method chain: its first trailers kept, the
     /// last ones dropped, others added (`df[m]` then `df[m].shape`; `s.mean()` then
     /// `s.median()`).
-    fn from_chain(&self, table: &Table, pool: &mut Pool) {
+    fn guess_from_chain(&self, table: &Table, pool: &mut Pool) {
         let Some(last) = self.history.back().filter(|l| l.single && l.ok) else {
             return;
         };
@@ -308,56 +315,6 @@ impl SessionModel {
                 vec![(rel.to_string(), 1.0 - share), (attribute, share)]
             }
         }
-    }
-
-    /// What this session ran on one object, run on a newer object of the same kind.
-    fn from_history(&self, table: &Table, pool: &mut Pool) {
-        let p = table.history.smoothed(50.0);
-        for (code, template, cost) in self.history_guesses() {
-            pool.add(code, template, Source::History, p, cost);
-        }
-    }
-
-    /// The guesses of the history source: code, template, default cost.
-    pub(super) fn history_guesses(&self) -> Vec<(String, String, f64)> {
-        let mut out = Vec::new();
-        for past in self.history.iter().rev().take(16) {
-            let [name] = past.template.vars.as_slice() else {
-                continue;
-            };
-            if !past.single || !past.ok {
-                continue;
-            }
-            let kind = self.kind(name);
-            for other in self.recency.iter().take(4) {
-                let newer = self.bound_at.get(other).is_some_and(|&at| at > past.seq);
-                let already = self.history.iter().any(|h| {
-                    h.template.key == past.template.key && h.template.vars.first() == Some(other)
-                });
-                if other == name || !newer || already || self.kind(other) != kind {
-                    continue;
-                }
-                let has_columns = past
-                    .template
-                    .cols
-                    .iter()
-                    .all(|c| self.ranked_columns(other).iter().any(|col| &col.name == c));
-                if !has_columns {
-                    continue;
-                }
-                let vars = [other.clone()];
-                let filling = Filling {
-                    vars: &vars,
-                    cols: &past.template.cols,
-                    ..Filling::default()
-                };
-                if let Some(code) = instantiate(&past.template.key, &filling) {
-                    let cost = self.default_cost(&vars);
-                    out.push((code, past.template.key.clone(), cost));
-                }
-            }
-        }
-        out
     }
 
     /// The ways to fill the free slots of `rel` in this session, each with its code, how
@@ -471,9 +428,8 @@ impl SessionModel {
                     .take(COLUMN_CHOICES)
                     .map(|(rank, column)| {
                         let class = column_class(column, rows);
-                        let fit = table
-                            .class_fit(template, &class)
-                            .unwrap_or_else(|| fallback_class_fit(template, &class));
+                        let fit = table.class_fit(template, &class).unwrap_or(1.0)
+                            * listing_fit(template, &class);
                         (column.name.clone(), table.col_rank(rank) * fit)
                     })
                     .collect()
@@ -482,7 +438,7 @@ impl SessionModel {
     }
 
     /// A runtime estimate from the size of the objects a guess reads.
-    fn default_cost(&self, names: &[String]) -> f64 {
+    pub(super) fn default_cost(&self, names: &[String]) -> f64 {
         let cells: u64 = names
             .iter()
             .filter_map(|n| self.objects.get(n))
@@ -496,27 +452,15 @@ impl SessionModel {
     }
 }
 
-/// Column fit where the table learned none: listing the values of a column is only worth it
-/// when there are few; reductions want numbers.
-fn fallback_class_fit(template: &str, class: &str) -> f64 {
+/// Listing the values of a column (`value_counts`, `unique`, `nunique`) is only guessed
+/// for columns with few values, whatever the table says: on a column of names it is a
+/// large answer nobody asked for.
+fn listing_fit(template: &str, class: &str) -> f64 {
     let listing = ["value_counts(", "unique(", "nunique("]
         .iter()
         .any(|m| template.contains(m));
-    let reducing = [
-        "mean(",
-        "sum(",
-        "describe(",
-        "std(",
-        "median(",
-        "max(",
-        "min(",
-    ]
-    .iter()
-    .any(|m| template.contains(m));
     if listing && class.ends_with("high") {
         0.0
-    } else if reducing && !class.starts_with("num") && !class.starts_with('?') {
-        0.3
     } else {
         1.0
     }

@@ -116,7 +116,7 @@ pub fn added(prev: &Chain, keep: usize, next: &Chain, scope: &Scope) -> Option<S
     }
     let kept = abstract_tokens(&prev.prefix(keep), scope);
     let add = abstract_tokens(&next.suffix(keep), scope);
-    Some(relative(&add, &[prev.root.clone()], &kept.cols))
+    Some(relative(&add, std::slice::from_ref(&prev.root), &kept.cols))
 }
 
 /// The columns the kept part of a chain uses, for `$pc…` slots.

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::chain::{added, drop_key, drop_key_general, split};
+use super::history::GuessKind;
 use super::model::{column_class, SessionModel};
 use super::normal::{is_single_expression, normalise};
 use super::offline::TraceCell;
@@ -132,6 +133,8 @@ pub struct TableBuilder {
     kinds: HashMap<String, BTreeMap<String, u32>>,
     col_classes: HashMap<String, BTreeMap<String, u32>>,
     history: Rate,
+    repeat_changed: Rate,
+    repeat_unchanged: Rate,
     runtimes: HashMap<String, (u64, f64)>,
 }
 
@@ -208,13 +211,16 @@ impl TableBuilder {
                     .or_default() += 1;
             }
         }
-        let guesses = model.history_guesses();
         let normal = normalise(&cell.code);
-        self.history.trials += guesses.len() as u64;
-        self.history.hits += guesses
-            .iter()
-            .filter(|(code, _, _)| normalise(code) == normal)
-            .count() as u64;
+        for guess in model.history_guesses() {
+            let rate = match guess.kind {
+                GuessKind::Reapplied => &mut self.history,
+                GuessKind::RepeatedChanged => &mut self.repeat_changed,
+                GuessKind::Repeated => &mut self.repeat_unchanged,
+            };
+            rate.trials += 1;
+            rate.hits += u64::from(Some(&guess.code) == normal.as_ref());
+        }
         if cell.ok() && cell.duration_ms > 0.0 {
             let r = self
                 .runtimes
@@ -290,6 +296,8 @@ impl TableBuilder {
             kinds: keep(self.kinds),
             col_classes: keep(self.col_classes),
             history: self.history,
+            repeat_changed: self.repeat_changed,
+            repeat_unchanged: self.repeat_unchanged,
             chain,
             attribute_columns: self.attribute_columns,
             runtime_ms: self

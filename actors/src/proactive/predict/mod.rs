@@ -8,12 +8,15 @@
 mod candidates;
 mod chain;
 mod evaluate;
+mod history;
 mod learn;
 mod learned;
 mod model;
 mod normal;
 pub mod offline;
 mod prediction;
+#[cfg(test)]
+mod scenarios;
 mod syntax;
 mod table;
 mod template;

@@ -1,7 +1,17 @@
 //! The learned table: what real analysis sessions ran after what, as templates, counted on
 //! the training corpus by `examples/learn_templates.rs` and committed as `templates.json`.
 //!
-//! Read-only at run time; [`Table::builtin`] parses the committed copy once.
+//! Read-only at run time; [`Table::builtin`] parses the committed copy once. The committed
+//! copy was counted on the facts trace of the whole training corpus (98 sequences, 2,015
+//! cells, recorded by `examples/record_facts.rs`):
+//!
+//! ```sh
+//! cargo run --release -p pyvisor-actors --example learn_templates -- \
+//!     /tmp/facts-train.jsonl --out actors/src/proactive/predict/templates.json
+//! ```
+//!
+//! The sequences folder itself (`../shared/traces-train/sequences`) works too, with facts
+//! read from the code: no object kinds or column classes then.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -61,6 +71,12 @@ pub struct Table {
     pub col_classes: BTreeMap<String, BTreeMap<String, u32>>,
     /// How often re-applying an earlier cell of the session to another object was right.
     pub history: Rate,
+    /// How often running an earlier cell again was right, after what it reads changed.
+    #[serde(default)]
+    pub repeat_changed: Rate,
+    /// The same when nothing it reads changed.
+    #[serde(default)]
+    pub repeat_unchanged: Rate,
     /// Chain contexts (the last cell with its last trailers dropped, see `chain.rs`) to the
     /// trailers the next cell added, relative to the kept part.
     #[serde(default)]

@@ -1,0 +1,135 @@
+//! The session's own history as a source of guesses: what it ran on one object, run on a
+//! newer object of the same kind (`df.shape` after `df2 = ...` gives `df2.shape`), and an
+//! earlier inspection run again once what it reads has changed (`df.head()` after
+//! `df['b'] = ...`).
+
+use super::candidates::Pool;
+use super::model::{Observed, SessionModel};
+use super::prediction::Source;
+use super::table::Table;
+use super::template::{instantiate, Filling};
+
+/// How far back the session's cells are looked at.
+const LOOK_BACK: usize = 16;
+/// Newer objects an earlier cell is re-applied to.
+const NEWER_OBJECTS: usize = 4;
+
+/// One guess from the history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryGuess {
+    /// Normal form of the code.
+    pub code: String,
+    pub template: String,
+    pub cost_ms: f64,
+    pub kind: GuessKind,
+}
+
+/// Which way the history gave a guess; each has its own learned rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuessKind {
+    /// An earlier cell applied to a newer object.
+    Reapplied,
+    /// An earlier cell again, after what it reads changed.
+    RepeatedChanged,
+    /// An earlier cell again, nothing it reads changed.
+    Repeated,
+}
+
+impl SessionModel {
+    /// Adds the history's guesses to `pool`, each with its kind's learned rate.
+    pub(super) fn guess_from_history(&self, table: &Table, pool: &mut Pool) {
+        for guess in self.history_guesses() {
+            let p = match guess.kind {
+                GuessKind::Reapplied => table.history.smoothed(50.0),
+                GuessKind::RepeatedChanged => table.repeat_changed.smoothed(50.0),
+                GuessKind::Repeated => table.repeat_unchanged.smoothed(50.0),
+            };
+            pool.add(
+                guess.code,
+                guess.template,
+                Source::History,
+                p,
+                guess.cost_ms,
+            );
+        }
+    }
+
+    /// The guesses of the history source.
+    pub(super) fn history_guesses(&self) -> Vec<HistoryGuess> {
+        let mut out: Vec<HistoryGuess> = Vec::new();
+        for past in self.history.iter().rev().take(LOOK_BACK) {
+            if !past.single || !past.ok {
+                continue;
+            }
+            if let Some(normal) = &past.normal {
+                if !out.iter().any(|g| &g.code == normal) {
+                    let kind = if self.changed_since(past) {
+                        GuessKind::RepeatedChanged
+                    } else {
+                        GuessKind::Repeated
+                    };
+                    out.push(HistoryGuess {
+                        code: normal.clone(),
+                        template: past.template.key.clone(),
+                        cost_ms: self.default_cost(&past.template.vars),
+                        kind,
+                    });
+                }
+            }
+            out.extend(self.reapplied(past));
+        }
+        out
+    }
+
+    /// Whether a later cell bound or changed a name that `past` reads.
+    fn changed_since(&self, past: &Observed) -> bool {
+        self.history.iter().filter(|h| h.seq > past.seq).any(|h| {
+            h.bound
+                .iter()
+                .chain(&h.touched)
+                .any(|n| past.template.vars.contains(n))
+        })
+    }
+
+    /// `past`, a cell on one object, applied to the newer objects of the same kind.
+    fn reapplied(&self, past: &Observed) -> Vec<HistoryGuess> {
+        let mut out = Vec::new();
+        let [name] = past.template.vars.as_slice() else {
+            return out;
+        };
+        let kind = self.kind(name);
+        for other in self.recency.iter().take(NEWER_OBJECTS) {
+            let newer = self.bound_at.get(other).is_some_and(|&at| at > past.seq);
+            let already = self.history.iter().any(|h| {
+                h.template.key == past.template.key && h.template.vars.first() == Some(other)
+            });
+            if other == name || !newer || already || self.kind(other) != kind {
+                continue;
+            }
+            let columns = self.ranked_columns(other);
+            let has_columns = past
+                .template
+                .cols
+                .iter()
+                .all(|c| columns.iter().any(|col| &col.name == c));
+            if !has_columns {
+                continue;
+            }
+            let vars = [other.clone()];
+            let filling = Filling {
+                vars: &vars,
+                cols: &past.template.cols,
+                ..Filling::default()
+            };
+            if let Some(code) = instantiate(&past.template.key, &filling) {
+                out.push(HistoryGuess {
+                    code,
+                    template: past.template.key.clone(),
+                    cost_ms: self.default_cost(&vars),
+                    kind: GuessKind::Reapplied,
+                });
+            }
+        }
+        out
+    }
+}

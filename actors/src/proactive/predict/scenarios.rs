@@ -1,0 +1,179 @@
+//! Candidate generation on synthetic sessions, against the committed table: what a session
+//! that just loaded a CSV is offered, which columns get `value_counts`, hints and what builds
+//! on them, and how recorded outcomes move the ranking.
+
+use pyvisor_protocol::messages::{CellFacts, ColumnSummary, ObjectSummary};
+
+use super::{Learned, Prediction, SessionModel, Source, Table};
+
+fn column(name: &str, dtype: &str, distinct: u64) -> ColumnSummary {
+    ColumnSummary {
+        name: name.to_string(),
+        label_is_str: true,
+        dtype: dtype.to_string(),
+        nulls: 0,
+        distinct,
+    }
+}
+
+fn frame(name: &str, columns: Vec<ColumnSummary>) -> ObjectSummary {
+    ObjectSummary {
+        name: name.to_string(),
+        kind: "DataFrame".to_string(),
+        module: "pandas".to_string(),
+        len: Some(1000),
+        shape: vec![1000, columns.len() as u64],
+        columns,
+        index: Some("RangeIndex".to_string()),
+    }
+}
+
+fn facts(binds: &[&str], objects: Vec<ObjectSummary>) -> CellFacts {
+    CellFacts {
+        binds: binds.iter().map(|s| s.to_string()).collect(),
+        touched: Some(binds.iter().map(|s| s.to_string()).collect()),
+        objects,
+        ..CellFacts::default()
+    }
+}
+
+fn sales() -> ObjectSummary {
+    frame(
+        "sales",
+        vec![
+            column("city", "str", 5),
+            column("customer", "str", 990),
+            column("price", "float64", 700),
+            column("units", "int64", 12),
+        ],
+    )
+}
+
+/// A session that imported pandas and just read a CSV.
+fn loaded() -> SessionModel {
+    let mut model = SessionModel::new();
+    model.observe("import pandas as pd", &facts(&["pd"], vec![]), true);
+    model.observe(
+        "sales = pd.read_csv('sales.csv')",
+        &facts(&["sales"], vec![sales()]),
+        true,
+    );
+    model
+}
+
+fn codes(predictions: &[Prediction]) -> Vec<&str> {
+    predictions.iter().map(|p| p.normal.as_str()).collect()
+}
+
+#[test]
+fn a_frame_just_read_is_displayed_and_inspected() {
+    let model = loaded();
+    let predictions = model.predict(Table::builtin(), &Learned::new(), 10);
+    let top = codes(&predictions);
+    assert!(top.contains(&"sales.head()"), "{top:?}");
+    assert!(top.contains(&"sales"), "{top:?}");
+    assert!(predictions.iter().all(|p| p.after.is_none()));
+    for pair in predictions.windows(2) {
+        assert!(pair[0].expected_saving() >= pair[1].expected_saving());
+    }
+}
+
+#[test]
+fn value_counts_are_guessed_for_few_valued_columns_only() {
+    let mut model = loaded();
+    model.observe("sales.head()", &facts(&[], vec![]), true);
+    model.observe("sales['units'].value_counts()", &facts(&[], vec![]), true);
+    let predictions = model.predict(Table::builtin(), &Learned::new(), 200);
+    let listing: Vec<&str> = codes(&predictions)
+        .into_iter()
+        .filter(|c| c.contains("value_counts") || c.contains("unique("))
+        .collect();
+    assert!(
+        listing.iter().any(|c| c.contains("city")),
+        "the five-valued column is listed: {listing:?}"
+    );
+    for code in &listing {
+        assert!(
+            !code.contains("customer") && !code.contains("price"),
+            "{code} lists a column of many values"
+        );
+    }
+}
+
+#[test]
+fn hints_come_first_and_an_assignment_brings_what_follows_it() {
+    let mut model = loaded();
+    model.hint(vec![
+        "sales.describe()".to_string(),
+        "stock = pd.read_csv('stock.csv')".to_string(),
+    ]);
+    let predictions = model.predict(Table::builtin(), &Learned::new(), 30);
+    assert_eq!(predictions[0].normal, "sales.describe()");
+    assert_eq!(predictions[0].source, Source::Hint);
+    assert_eq!(predictions[1].normal, "stock=pd.read_csv('stock.csv')");
+    let children: Vec<&Prediction> = predictions.iter().filter(|p| p.after == Some(1)).collect();
+    assert!(
+        children
+            .iter()
+            .any(|p| p.normal == "stock.head()" || p.normal == "stock"),
+        "{children:?}"
+    );
+    model.observe("sales.describe()", &facts(&[], vec![]), true);
+    let predictions = model.predict(Table::builtin(), &Learned::new(), 30);
+    assert_eq!(predictions[0].normal, "stock=pd.read_csv('stock.csv')");
+}
+
+#[test]
+fn recorded_misses_push_a_guess_down() {
+    let model = loaded();
+    let table = Table::builtin();
+    let mut learned = Learned::new();
+    let before = model.predict(table, &learned, 30);
+    let first = before[0].clone();
+    for _ in 0..30 {
+        learned.record(first.source, &first.template, false);
+    }
+    let after = model.predict(table, &learned, 30);
+    let rank = after.iter().position(|p| p.normal == first.normal);
+    assert!(
+        rank.is_none_or(|r| r > 0),
+        "{} stays first after 30 misses",
+        first.normal
+    );
+}
+
+#[test]
+fn a_new_frame_gets_what_the_session_did_to_the_last_one() {
+    let mut model = loaded();
+    model.observe("sales.shape", &facts(&[], vec![]), true);
+    model.observe("sales.dtypes", &facts(&[], vec![]), true);
+    let mut other = sales();
+    other.name = "returns".to_string();
+    model.observe(
+        "returns = pd.read_csv('returns.csv')",
+        &facts(&["returns"], vec![other]),
+        true,
+    );
+    let predictions = model.predict(Table::builtin(), &Learned::new(), 30);
+    let history: Vec<&str> = predictions
+        .iter()
+        .filter(|p| p.source == Source::History)
+        .map(|p| p.normal.as_str())
+        .collect();
+    assert!(history.contains(&"returns.dtypes"), "{history:?}");
+    assert!(codes(&predictions).contains(&"returns"));
+}
+
+#[test]
+fn forgetting_drops_the_objects_but_keeps_the_history() {
+    let mut model = loaded();
+    model.forget();
+    assert!(model.object("sales").is_none());
+    assert_eq!(model.history().count(), 2);
+    let predictions = model.predict(Table::builtin(), &Learned::new(), 30);
+    assert!(
+        predictions.iter().all(|p| p.source != Source::Namespace),
+        "no inspections of objects the restored namespace may not hold: {:?}",
+        codes(&predictions)
+    );
+}
