@@ -203,7 +203,11 @@ fn checkpoint_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     let mut pending = vec![dir.to_owned()];
     while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        // The store empties its trash on a thread of its own: a directory may go meanwhile.
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
             let path = entry.path();
             if path.is_dir() {
                 pending.push(path);
