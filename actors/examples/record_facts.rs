@@ -167,12 +167,16 @@ async fn record_sequence(
     Ok(())
 }
 
-/// The status and facts of the next result; None when the worker is gone.
+/// The status of the next result and the facts that follow it; None when the worker is gone.
 async fn result(worker: &mut Worker) -> Option<(WorkerStatus, Option<Box<CellFacts>>)> {
+    let mut status = None;
     loop {
         match worker.events.recv().await? {
-            WorkerEvent::Message(WorkerMessage::Result { status, facts, .. }) => {
-                return Some((status, facts))
+            WorkerEvent::Message(WorkerMessage::Result { status: ended, .. }) => {
+                status = Some(ended);
+            }
+            WorkerEvent::Message(WorkerMessage::Facts { facts, .. }) => {
+                return status.map(|status| (status, facts));
             }
             WorkerEvent::Exited(_) | WorkerEvent::ProtocolError(_) => return None,
             _ => {}

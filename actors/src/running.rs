@@ -54,8 +54,6 @@ pub(crate) struct Running {
     pub path: ServePath,
     /// The prediction source whose speculative answer served it.
     pub served_by: Option<&'static str>,
-    /// What the cell did, as the worker reported it, for the session's subscribers.
-    pub facts: Option<Box<pyvisor_protocol::CellFacts>>,
 }
 
 impl Running {
@@ -76,7 +74,6 @@ impl Running {
             warnings: Vec::new(),
             path: ServePath::Real,
             served_by: None,
-            facts: None,
         }
     }
 

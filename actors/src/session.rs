@@ -383,15 +383,15 @@ impl SessionActor {
         self.setup
             .counters
             .execution_finished(status, running.started.elapsed());
-        self.events
-            .publish(SessionEvent::Executed(Arc::new(events::Executed {
-                session_id: self.session_id.as_str().into(),
-                code: running.request.code.clone(),
-                status,
-                facts: running.facts.take(),
-                duration_ms: running.started.elapsed().as_secs_f64() * 1000.0,
-                served_by: running.served_by,
-            })));
+        self.publish_executed(events::Executed {
+            session_id: self.session_id.as_str().into(),
+            execution_id: running.ticket.execution_id.clone(),
+            code: running.request.code.clone(),
+            status,
+            facts: None,
+            duration_ms: running.started.elapsed().as_secs_f64() * 1000.0,
+            served_by: running.served_by,
+        });
         running.into_result(status, result, error);
         if let Some(waiting) = self.draining.as_mut() {
             for drained in waiting.drain(..) {

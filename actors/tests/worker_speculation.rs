@@ -13,6 +13,10 @@ use pyvisor_protocol::{
     WorkerMessage, WorkerStatus,
 };
 
+#[allow(
+    dead_code,
+    reason = "the shared helpers serve several test files; this one needs a few"
+)]
 mod common;
 mod frames;
 
@@ -43,6 +47,7 @@ async fn run(worker: &mut Worker, code: &str, facts: bool) -> Real {
         },
     );
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let mut ended = None;
     tokio::time::timeout(PATIENCE, async {
         loop {
             match worker.events.recv().await.expect("the worker is alive") {
@@ -55,17 +60,27 @@ async fn run(worker: &mut Worker, code: &str, facts: bool) -> Real {
                     status,
                     result,
                     error,
-                    facts,
                     ..
                 }) if id == "e" => {
-                    return Real {
+                    let real = Real {
                         status,
                         result,
                         error,
-                        stdout: String::from_utf8(stdout).expect("UTF-8 output"),
-                        stderr: String::from_utf8(stderr).expect("UTF-8 output"),
-                        facts,
+                        stdout: String::from_utf8(std::mem::take(&mut stdout))
+                            .expect("UTF-8 output"),
+                        stderr: String::from_utf8(std::mem::take(&mut stderr))
+                            .expect("UTF-8 output"),
+                        facts: None,
+                    };
+                    if !facts {
+                        return real;
                     }
+                    ended = Some(real);
+                }
+                WorkerEvent::Message(WorkerMessage::Facts { id, facts: told }) if id == "e" => {
+                    let mut real = ended.take().expect("the facts come after the result");
+                    real.facts = told;
+                    return real;
                 }
                 other => panic!("unexpected while {code:?} runs: {other:?}"),
             }
@@ -402,7 +417,10 @@ async fn a_crashing_or_runaway_child_leaves_the_worker_serving() {
     let runaway = speculate(&mut worker, &["sum(i * i for i in range(10**10))"], 300).await;
     assert_eq!(runaway.ending.as_deref(), Some("cpu_limit"));
     // The child's own CPU time, from its rusage: most of the grant, and not far past it.
-    assert!(runaway.cpu_ms >= 150.0 && runaway.cpu_ms < 1000.0, "{runaway:?}");
+    assert!(
+        runaway.cpu_ms >= 150.0 && runaway.cpu_ms < 1000.0,
+        "{runaway:?}"
+    );
 
     let memory = speculate(&mut worker, &["bytearray(2**62)", "len(x)"], 30_000).await;
     assert_eq!(memory.ending.as_deref(), Some("finished"));

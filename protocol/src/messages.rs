@@ -24,7 +24,8 @@ pub enum HostMessage {
         /// What happens to the namespace when the code fails.
         #[serde(default)]
         transaction: Transaction,
-        /// Report what the cell did ([`CellFacts`]) with its result.
+        /// Report what the cell did ([`CellFacts`]) in a [`WorkerMessage::Facts`] after its
+        /// result.
         #[serde(default)]
         facts: bool,
     },
@@ -271,8 +272,11 @@ pub enum WorkerMessage {
         /// Whether a failed `rollback_on_failure` execution put the namespace back.
         #[serde(default)]
         rolled_back: bool,
-        /// What the cell did, when the request asked for facts.
-        #[serde(default)]
+    },
+    /// What execution `id` did, after its result, when the request asked for facts; `None`
+    /// when the worker did not compute them (another request was already waiting).
+    Facts {
+        id: String,
         facts: Option<Box<CellFacts>>,
     },
     /// Snippet `index` of speculation `id` is done.

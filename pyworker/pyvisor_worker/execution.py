@@ -42,6 +42,7 @@ DEFAULT_REPR_LIMIT = 64 * 1024
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 
 _cell_count = 0
+pending_facts = None  # (execution id, facts.Recorder, changes.Watch) of the last execution
 _current_interrupted = False  # the running execution has had its SIGINT
 _sigint_seen = False  # the SIGINT handler has run since the running execution was interrupted
 _forked = False  # this process is a child that the session's code forked
@@ -94,7 +95,7 @@ def _repeat_interrupt(execution_id):
 
 def execute(request):
     """Run one execute request in the session namespace; return its result message."""
-    global _current_interrupted
+    global _current_interrupted, pending_facts
     execution_id = request.get("id")
     code = request.get("code")
     repr_limit = request.get("repr_limit", DEFAULT_REPR_LIMIT)
@@ -138,11 +139,32 @@ def execute(request):
         if isinstance(error, SystemExit):
             _reopen_stdin()
         error = describe_error(error, repr_limit)
-    message = result(execution_id, value, error, changed, rolled_back)
     if recorder is not None:
-        with quiet.quiet():
-            message["facts"] = recorder.facts(watch)
-    return message
+        pending_facts = (execution_id, recorder, watch)
+    return result(execution_id, value, error, changed, rolled_back)
+
+
+def send_facts():
+    """After the result of an execution that asked for facts: send its "facts" message.
+
+    The facts are computed after the result is sent, so that the caller never waits for them.
+    When another request already waits for the main thread (a caller running cells back to
+    back), they are not computed at all and the message says null: the host then forgets
+    what it knew of the namespace, which costs it nothing it could use in a loop.
+    """
+    global pending_facts
+    if pending_facts is None:
+        return
+    execution_id, recorder, watch = pending_facts
+    pending_facts = None
+    cell_facts = None
+    if protocol.requests.empty():
+        try:
+            with quiet.quiet():
+                cell_facts = recorder.facts(watch)
+        except Exception:  # the host treats unknown facts as "anything may have changed"
+            cell_facts = None
+    protocol.send({"type": "facts", "id": execution_id, "facts": cell_facts})
 
 
 def result(execution_id, value, error, changed, rolled_back=False):

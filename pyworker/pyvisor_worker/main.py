@@ -96,6 +96,7 @@ def _serve():
             reply = _fault_reply(request, exc)
         if reply is not None:
             protocol.send(reply)
+        execution.send_facts()
 
 
 def _fault_reply(request, exc):

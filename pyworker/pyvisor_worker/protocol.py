@@ -29,7 +29,7 @@ Host -> worker:
      "ambient": "883fdfd9"}
     {"type": "shutdown"}
 
-An execute may also carry "facts": true, for the facts of the cell with its result.
+An execute may also carry "facts": true, for a "facts" message about the cell after its result.
 
 Executions, checkpoints, restores, speculates and adopts are taken up one at a time by the
 main thread, in arrival order. An inspect, an interrupt or a cancel_speculation is handled at
@@ -66,8 +66,10 @@ Worker -> host:
      "cpu_limit" | "crashed: killed by SIGSEGV" | "crashed: exit status 1", "cpu_ms": 12.5}
     {"type": "adopt_done", "id": "a-1", "fresh": false, "reason": null | "changed df"}
 
-A result with facts has "facts": {"reads", "binds", "touched", "files", "ambient", "objects",
-"pure", "cost_ms"} besides.
+After the result of an execute with "facts": true comes
+    {"type": "facts", "id": "e-1", "facts": {"reads", "binds", "touched", "files", "ambient",
+     "objects", "pure", "cost_ms"} | null}
+computed once the result is sent (null when another request already waited).
 
 Every execute request gets exactly one result, after its input requests and displays. The
 modules that make the messages document their fields: execution (results, errors and

@@ -7,7 +7,9 @@
 //! idle, the actor asks the model for ranked predictions, leaves out what was already computed
 //! for this state, plans the rest as a dependency graph under a CPU grant from the
 //! [`CpuBudget`] ([`schedule::plan`]) and sends the plan to the session as one [`Speculate`].
-//! A tick retries idle sessions as the budget refills. Nothing is started while the machine
+//! A session counts as idle once it has been quiet for [`QUIET`]: a caller that sends its
+//! next request at once (a loop, a script) never waits behind a fork of its worker. A tick
+//! retries idle sessions as the budget refills. Nothing is started while the machine
 //! has more runnable threads than CPUs (foreground work waiting for a CPU), unless told not to
 //! yield. Explicit hints ([`Hint`]) go first.
 
@@ -30,6 +32,8 @@ const PREDICTIONS: usize = 60;
 const MAX_GRANT_MS: f64 = 1000.0;
 /// How often idle sessions are tried again as the budget refills.
 const TICK: Duration = Duration::from_millis(200);
+/// How long a session must have had nothing to run before it is speculated on.
+pub const QUIET: Duration = Duration::from_millis(30);
 
 /// How the predictor spends the engine's CPU.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,7 +66,8 @@ pub struct Hint {
 struct Followed {
     model: SessionModel,
     addr: Option<Addr<SessionActor>>,
-    idle: bool,
+    /// Since when the session has had nothing to run; `None` while it runs something.
+    idle_since: Option<Instant>,
     speculating: bool,
     /// Normal forms computed for the current state, not to be computed again.
     tried: HashSet<String>,
@@ -75,7 +80,7 @@ impl Followed {
         Self {
             model: SessionModel::new(),
             addr: None,
-            idle: false,
+            idle_since: None,
             speculating: false,
             tried: HashSet::new(),
             pending: HashMap::new(),
@@ -146,15 +151,16 @@ impl PredictorActor {
             let ok = event.status == ExecutionStatus::Ok;
             followed.model.observe(&event.code, facts, ok);
         }
-        followed.idle = false;
+        followed.idle_since = None;
     }
 
     /// Plans and sends a speculation to `session_id` if it is idle and the budget allows.
     fn schedule(&mut self, session_id: &Arc<str>, ctx: &mut Context<Self>) {
+        let quiet = |f: &Followed| f.idle_since.is_some_and(|since| since.elapsed() >= QUIET);
         let ready = self
             .sessions
             .get(session_id)
-            .is_some_and(|f| f.idle && !f.speculating && f.addr.is_some());
+            .is_some_and(|f| quiet(f) && !f.speculating && f.addr.is_some());
         if !ready || self.machine_busy() {
             return;
         }
@@ -258,7 +264,7 @@ impl Actor for PredictorActor {
             let idle: Vec<Arc<str>> = act
                 .sessions
                 .iter()
-                .filter(|(_, f)| f.idle && !f.speculating)
+                .filter(|(_, f)| f.idle_since.is_some() && !f.speculating)
                 .map(|(id, _)| id.clone())
                 .collect();
             for session_id in idle {
@@ -284,9 +290,9 @@ impl Handler<SessionEvent> for PredictorActor {
                     .sessions
                     .entry(session_id.clone())
                     .or_insert_with(Followed::new);
-                followed.idle = true;
+                followed.idle_since.get_or_insert_with(Instant::now);
                 followed.addr = Some(addr);
-                self.schedule(&session_id, ctx);
+                ctx.run_later(QUIET, move |act, ctx| act.schedule(&session_id, ctx));
             }
             SessionEvent::Speculated(speculated) => {
                 let Some(followed) = self.sessions.get(&speculated.session_id) else {

@@ -40,6 +40,7 @@ pub enum SessionEvent {
 #[derive(Debug)]
 pub struct Executed {
     pub session_id: Arc<str>,
+    pub execution_id: String,
     pub code: String,
     pub status: ExecutionStatus,
     /// What the cell did, when the worker reported it (executions run for real with

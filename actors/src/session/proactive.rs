@@ -17,7 +17,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use pyvisor_protocol::{CellFacts, HostMessage, SpeculativeOutcome, WorkerStatus};
 
-use super::events::{SessionEvent, Speculated};
+use super::events::{Executed, SessionEvent, Speculated};
 use super::{host_error, SessionActor, State};
 use crate::execution::{DisplayData, ExecutionEvent, ExecutionStatus, OutputStream};
 use crate::proactive::cache::{CacheActor, CacheEntry, ForgetSession, Store, Take};
@@ -86,10 +86,20 @@ struct InFlight {
     stale: bool,
 }
 
+/// A real execution whose facts the worker has yet to send.
+struct AwaitedFacts {
+    execution_id: String,
+    rolled_back: bool,
+    /// The execution's event, published once its facts are in.
+    executed: Option<Executed>,
+}
+
 /// A session's proactive state.
 pub(crate) struct Proactive {
     setup: ProactiveSetup,
     versions: VersionTable,
+    /// Until they come, the versions are behind and nothing is served from the cache.
+    awaited: Option<AwaitedFacts>,
     /// Normal forms of the answers this session stored, with their keys.
     stored: HashMap<String, ReadKey>,
     flight: Option<InFlight>,
@@ -102,6 +112,7 @@ impl Proactive {
         Self {
             setup,
             versions: VersionTable::default(),
+            awaited: None,
             stored: HashMap::new(),
             flight: None,
             share: ProactiveStats::default(),
@@ -140,11 +151,13 @@ impl Proactive {
         ahead
     }
 
-    /// Takes in what a real execution did to the namespace.
-    pub fn observe(&mut self, facts: Option<&CellFacts>, rolled_back: bool) {
-        self.versions.observe(facts, rolled_back);
-        let versions = &self.versions;
-        self.stored.retain(|_, key| versions.holds(key));
+    /// The worker will send the facts of real execution `execution_id` after its result.
+    pub fn await_facts(&mut self, execution_id: String, rolled_back: bool) {
+        self.awaited = Some(AwaitedFacts {
+            execution_id,
+            rolled_back,
+            executed: None,
+        });
     }
 
     /// Remembers that the answer to `normal` is stored under `key`.
@@ -169,7 +182,7 @@ impl SessionActor {
         let Some(proactive) = self.proactive.as_mut().filter(|_| cache) else {
             return ServePath::Real;
         };
-        let Some(normal) = normalise(code) else {
+        let Some(normal) = normalise(code).filter(|_| proactive.awaited.is_none()) else {
             return ServePath::Real;
         };
         if let Some(flight) = proactive.flight.as_ref().filter(|f| !f.stale) {
@@ -331,6 +344,53 @@ impl SessionActor {
         self.finish(ExecutionStatus::Ok, outcome.result.clone(), None, ctx);
     }
 
+    /// Tells the subscribers about an execution that ended, once its facts are in.
+    pub(super) fn publish_executed(&mut self, executed: Executed) {
+        if let Some(awaited) = self
+            .proactive
+            .as_mut()
+            .and_then(|p| p.awaited.as_mut())
+            .filter(|awaited| awaited.execution_id == executed.execution_id)
+        {
+            awaited.executed = Some(executed);
+            return;
+        }
+        self.events
+            .publish(SessionEvent::Executed(Arc::new(executed)));
+    }
+
+    /// The facts of execution `id` came (`None`: the worker did not compute them, or the
+    /// worker is gone and they never will): the versions catch up and the execution's event
+    /// goes out.
+    pub(super) fn facts_arrived(
+        &mut self,
+        id: &str,
+        facts: Option<Box<CellFacts>>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(proactive) = &mut self.proactive else {
+            return;
+        };
+        let Some(awaited) = proactive.awaited.take() else {
+            return;
+        };
+        if awaited.execution_id != id && !id.is_empty() {
+            proactive.awaited = Some(awaited);
+            return;
+        }
+        proactive
+            .versions
+            .observe(facts.as_deref(), awaited.rolled_back);
+        let versions = &proactive.versions;
+        proactive.stored.retain(|_, key| versions.holds(key));
+        if let Some(mut executed) = awaited.executed {
+            executed.facts = facts;
+            self.events
+                .publish(SessionEvent::Executed(Arc::new(executed)));
+        }
+        self.publish_idle(ctx);
+    }
+
     /// The namespace was replaced (restore, crash) or the session closes: nothing cached
     /// for it holds. A speculation in flight runs on (its child is being killed) until its
     /// end is reported, but serves nothing.
@@ -365,7 +425,10 @@ impl SessionActor {
     /// Tells the subscribers that the session has nothing to run, if so.
     pub(super) fn publish_idle(&self, ctx: &mut Context<Self>) {
         let idle = matches!(self.state, State::Idle) && self.queue.is_empty();
-        let quiet = self.proactive.as_ref().is_some_and(|p| p.flight.is_none());
+        let quiet = self
+            .proactive
+            .as_ref()
+            .is_some_and(|p| p.flight.is_none() && p.awaited.is_none());
         if idle && quiet && self.draining.is_none() {
             self.events.publish(SessionEvent::Idle {
                 session_id: self.session_id.as_str().into(),
@@ -487,7 +550,8 @@ impl Handler<Speculate> for SessionActor {
         let (Some(proactive), Some(worker)) = (&mut self.proactive, &self.worker) else {
             return false;
         };
-        if !idle || proactive.flight.is_some() || self.draining.is_some() {
+        let behind = proactive.awaited.is_some();
+        if !idle || behind || proactive.flight.is_some() || self.draining.is_some() {
             return false;
         }
         let versions = &proactive.versions;

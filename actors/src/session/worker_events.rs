@@ -65,6 +65,9 @@ impl SessionActor {
             WorkerMessage::Speculated { id, index, outcome } => {
                 return self.speculated(&id, index, *outcome, ctx);
             }
+            WorkerMessage::Facts { id, facts } => {
+                return self.facts_arrived(&id, facts, ctx);
+            }
             WorkerMessage::SpeculationDone { id, ending, cpu_ms } => {
                 return self.speculation_done(&id, &ending, cpu_ms, ctx);
             }
@@ -82,7 +85,6 @@ impl SessionActor {
                 error,
                 changed,
                 rolled_back,
-                facts,
             } if id == execution_id => {
                 let status = match (status, &error, running.interrupt) {
                     (WorkerStatus::Ok, _, _) => ExecutionStatus::Ok,
@@ -97,9 +99,8 @@ impl SessionActor {
                     self.durability.ledger.changed();
                 }
                 if let Some(proactive) = &mut self.proactive {
-                    proactive.observe(facts.as_deref(), rolled_back);
+                    proactive.await_facts(id, rolled_back);
                 }
-                running.facts = facts;
                 self.finish(status, result, error, ctx);
                 self.count_change(changed, ctx);
             }
@@ -158,6 +159,7 @@ impl SessionActor {
         self.setup.counters.worker_crashed();
         self.forget_answers();
         self.speculation_lost();
+        self.facts_arrived("", None, ctx);
         self.events.publish(SessionEvent::Restored {
             session_id: self.session_id.as_str().into(),
         });
