@@ -135,7 +135,7 @@ async fn hinted_code_is_answered_from_speculation() {
     assert!(answer.from_cache, "{answer:?}");
     assert_eq!(answer.stdout, "[1, 2, 3]\n");
     let stats = engine.stats().await.unwrap().proactive;
-    assert!(stats.hits >= 1 && stats.cpu_ms > 0.0, "{stats:?}");
+    assert!(stats.hits >= 1 && stats.speculations >= 1, "{stats:?}");
     assert_eq!(stats.served_by_source.get("hint"), Some(&1), "{stats:?}");
     // Asked not to use the cache, it runs for real.
     let real = within(session.run(ExecuteRequest::new("sum(xs)").no_cache()))

@@ -266,7 +266,8 @@ pub fn run_in(daemon: &Daemon, subcommand: &str, args: &[&str], stdin: &str) -> 
     run(command, subcommand, args, stdin)
 }
 
-fn run(mut command: Command, subcommand: &str, args: &[&str], stdin: &str) -> Output {
+/// `pyvisor <subcommand> <args>` through `command` with `stdin` as its input.
+pub fn run(mut command: Command, subcommand: &str, args: &[&str], stdin: &str) -> Output {
     let mut child = command
         .arg(subcommand)
         .args(args)

@@ -1,0 +1,259 @@
+//! Proactive computation, for the README: what a hit costs (embedded and over the Unix
+//! socket of the real daemon), and what proactive computation costs a request it does not
+//! serve (a miss), against a session without it in the same engine, in the same run.
+//!
+//! - hit: a DataFrame inspection hinted, computed ahead, then asked for again and again (the
+//!   answer holds while nothing it read changes), beside the same code run for real;
+//! - miss: `x = 1` and a pandas reduction run back to back, and the same with a pause of
+//!   100 ms before each request (time for the predictor to speculate), alternating between a
+//!   proactive session and one without, so that drift hits both alike.
+//!
+//! Run: `cargo bench -p pyvisor --bench proactive` (`PYVISOR_BENCH_QUICK=1` for a short run).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pyvisor::client::Client;
+use pyvisor::rpc::wire::{CreateParams, ExecuteParams};
+use pyvisor::{Engine, EngineConfig, ExecuteRequest, Session, SessionOptions, StateConfig};
+
+mod common;
+
+use common::{quantile, sorted};
+
+const SETUP: &str = "import pandas as pd, numpy as np\n\
+                     rng = np.random.default_rng(0)\n\
+                     df = pd.DataFrame({'a': rng.normal(size=200_000), \
+                     'b': rng.integers(0, 50, size=200_000)})";
+/// The inspection computed ahead: tens of milliseconds when run for real.
+const ASKED: &str = "df.groupby('b')['a'].describe()";
+const REDUCTION: &str = "total = float(df['a'].sum())";
+
+fn report(name: &str, samples: Vec<Duration>, base: Option<Duration>) -> Duration {
+    let samples = sorted(samples);
+    let (p50, p99) = (quantile(&samples, 0.5), quantile(&samples, 0.99));
+    let ratio = base
+        .map(|base| format!("  ({:.3}× without)", p50.as_secs_f64() / base.as_secs_f64()))
+        .unwrap_or_default();
+    println!(
+        "{name:<52} p50 {:>9.1} µs   p99 {:>9.1} µs{ratio}",
+        p50.as_secs_f64() * 1e6,
+        p99.as_secs_f64() * 1e6
+    );
+    p50
+}
+
+fn main() {
+    let quick = std::env::var_os("PYVISOR_BENCH_QUICK").is_some();
+    let rounds = if quick { 100 } else { 1_000 };
+    let home = tempfile::TempDir::new().expect("create a temp dir");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("build the runtime");
+    runtime.block_on(embedded(home.path(), rounds));
+    let _daemon = DaemonGuard(start_daemon(home.path()));
+    runtime.block_on(socket(&home.path().join("pyvisor.sock"), rounds));
+}
+
+async fn embedded(home: &Path, rounds: usize) {
+    let engine = Engine::start(EngineConfig {
+        state: StateConfig {
+            dir: Some(home.join("embedded-state")),
+            ..StateConfig::default()
+        },
+        cache_dir: Some(home.join("cache")),
+        ..EngineConfig::default()
+    })
+    .await
+    .expect("start the engine");
+    let proactive = session(&engine, true).await;
+    let plain = session(&engine, false).await;
+
+    let real = timed(
+        &proactive,
+        ExecuteRequest::new(ASKED).no_cache(),
+        rounds / 10,
+    )
+    .await;
+    let real = report("embedded: real run of the inspection", real, None);
+    computed_ahead(&proactive).await;
+    let hits = timed(&proactive, ExecuteRequest::new(ASKED), rounds).await;
+    let hit = report("embedded: hit", hits, None);
+    println!(
+        "{:<52} {:.0}× faster than the real run",
+        "",
+        real.as_secs_f64() / hit.as_secs_f64()
+    );
+
+    for (name, code, pause) in [
+        ("x = 1, back to back", "x = 1", Duration::ZERO),
+        ("x = 1, 100 ms apart", "x = 1", Duration::from_millis(100)),
+        ("reduction, back to back", REDUCTION, Duration::ZERO),
+        (
+            "reduction, 100 ms apart",
+            REDUCTION,
+            Duration::from_millis(100),
+        ),
+    ] {
+        let (with, without) = alternate(&proactive, &plain, code, pause, rounds / 4).await;
+        let base = report(&format!("embedded miss, without: {name}"), without, None);
+        report(
+            &format!("embedded miss, proactive: {name}"),
+            with,
+            Some(base),
+        );
+    }
+}
+
+async fn session(engine: &Engine, proactive: bool) -> Session {
+    let session = engine
+        .create_session(SessionOptions {
+            proactive: Some(proactive),
+            ..SessionOptions::default()
+        })
+        .await
+        .expect("create a session");
+    session.run(SETUP).await.expect("set up");
+    session
+}
+
+async fn computed_ahead(session: &Session) {
+    session.hint(vec![ASKED.to_owned()]).await.expect("hint");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !session
+        .info()
+        .await
+        .expect("info")
+        .ahead
+        .iter()
+        .any(|a| a.contains("describe"))
+    {
+        assert!(Instant::now() < deadline, "the hint was never computed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn timed(session: &Session, request: ExecuteRequest, rounds: usize) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let result = session.run(request.clone()).await.expect("run");
+        samples.push(start.elapsed());
+        assert_eq!(result.from_cache, request.cache, "{result:?}");
+    }
+    samples
+}
+
+/// Runs `code` after `pause` in one session then the other, `rounds` times.
+async fn alternate(
+    proactive: &Session,
+    plain: &Session,
+    code: &str,
+    pause: Duration,
+    rounds: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for (session, samples) in [(proactive, &mut with), (plain, &mut without)] {
+            tokio::time::sleep(pause).await;
+            let start = Instant::now();
+            let result = session.run(code).await.expect("run");
+            samples.push(start.elapsed());
+            assert!(!result.from_cache, "{code} is not meant to be served");
+        }
+    }
+    (with, without)
+}
+
+async fn socket(path: &Path, rounds: usize) {
+    let client = connect(path).await;
+    let session = client
+        .create_session(CreateParams::default())
+        .await
+        .expect("create a session")
+        .session_id;
+    client
+        .execute(ExecuteParams::new(&session, SETUP))
+        .await
+        .expect("set up");
+    let real = ExecuteParams {
+        cache: Some(false),
+        ..ExecuteParams::new(&session, ASKED)
+    };
+    let mut samples = Vec::new();
+    for _ in 0..rounds / 10 {
+        let start = Instant::now();
+        client.execute(real.clone()).await.expect("execute");
+        samples.push(start.elapsed());
+    }
+    let real = report("Unix socket: real run of the inspection", samples, None);
+    client
+        .call(
+            "session.hint",
+            serde_json::json!({"session_id": session, "code": [ASKED]}),
+        )
+        .await
+        .expect("hint");
+    let asked = ExecuteParams::new(&session, ASKED);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut samples = Vec::with_capacity(rounds);
+    while samples.len() < rounds {
+        let start = Instant::now();
+        let result = client.execute(asked.clone()).await.expect("execute");
+        let elapsed = start.elapsed();
+        if result.from_cache {
+            samples.push(elapsed);
+        } else {
+            // Not computed ahead yet: leave the session idle for the predictor.
+            assert!(Instant::now() < deadline, "the hint was never served");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let hit = report("Unix socket: hit", samples, None);
+    println!(
+        "{:<52} {:.0}× faster than the real run",
+        "",
+        real.as_secs_f64() / hit.as_secs_f64()
+    );
+}
+
+/// Kills the daemon when the bench ends, a panic included.
+struct DaemonGuard(Child);
+
+impl Drop for DaemonGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_daemon(home: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_pyvisor"))
+        .args(["serve", "--socket"])
+        .arg(home.join("pyvisor.sock"))
+        .current_dir(home)
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("PYVISOR_STATE__DIR", home.join("daemon-state"))
+        .env("PYVISOR_ENGINE__CACHE_DIR", home.join("cache"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start pyvisor serve")
+}
+
+async fn connect(socket: &Path) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(client) = Client::connect(socket).await {
+            if client.health().await.is_ok() {
+                return client;
+            }
+        }
+        assert!(Instant::now() < deadline, "the daemon never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
