@@ -3,7 +3,9 @@
 //! much proactive computation answered ahead of the request: the share of cells served from
 //! speculation, hit and miss latency, the CPU speculation used and the cache's peak size.
 //! With `--verify`, a twin session without proactive computation runs every cell too, and any
-//! answer that differs is listed: there must be none.
+//! answer that differs is listed: there must be none. Every session first seeds Python's and
+//! numpy's random generators alike (without binding a name), so that code that samples
+//! (`df.sample(5)`) answers the same in both.
 //!
 //! A sequence is a JSON file `{"name", "cells": [code, ...], ...}` (the training traces'
 //! format); its cells run with `--data` as the working directory.
@@ -47,6 +49,12 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 }
+
+/// Run in every session before its first cell, and not counted: the same random state in a
+/// session and its twin.
+const SEED: &str = "__import__('random').seed(0)\n\
+                    try:\n    __import__('numpy').random.seed(0)\n\
+                    except ImportError:\n    pass";
 
 /// One recorded analysis session.
 #[derive(Debug, Deserialize)]
@@ -181,6 +189,9 @@ impl Replay<'_> {
             true => Some(self.target.create(false, self.data).await?),
             false => None,
         };
+        for seeded in [Some(&session), twin.as_ref()].into_iter().flatten() {
+            self.target.execute(seeded, SEED).await?;
+        }
         for (index, code) in sequence.cells.iter().enumerate() {
             if index > 0 {
                 tokio::time::sleep(self.think).await;
