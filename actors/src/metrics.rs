@@ -164,4 +164,5 @@ pub fn describe() {
     for state in ["idle", "busy", "restarting"] {
         gauge!(SESSIONS, "state" => state).increment(0.0);
     }
+    crate::proactive::stats::describe();
 }

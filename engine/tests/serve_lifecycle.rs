@@ -270,6 +270,12 @@ async fn serve_with_http_exposes_probes_and_prometheus_metrics_behind_the_token(
         "pyvisor_restores_total 0",
         "pyvisor_checkpoint_seconds",
         "pyvisor_checkpoint_bytes",
+        "pyvisor_proactive_predictions_total{source=\"template\"}",
+        "pyvisor_proactive_cache_hits_total",
+        "pyvisor_proactive_cache_misses_total",
+        "pyvisor_proactive_cache_size",
+        "pyvisor_proactive_hit_rate",
+        "pyvisor_proactive_cpu_seconds_total",
     ] {
         assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
     }

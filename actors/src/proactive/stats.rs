@@ -114,8 +114,10 @@ impl ProactiveCounters {
     /// A speculative child used `cpu_ms` of CPU.
     pub(crate) fn used_cpu(&self, cpu_ms: f64) {
         let cpu_us = (cpu_ms.max(0.0) * 1000.0) as u64;
-        self.cpu_us.fetch_add(cpu_us, Ordering::Relaxed);
-        counter!(CPU_SECONDS_TOTAL).increment(cpu_us / 1000);
+        let total_us = self.cpu_us.fetch_add(cpu_us, Ordering::Relaxed) + cpu_us;
+        // A gauge that only grows: the facade's counters count whole units, and CPU time
+        // comes in fractions of a second.
+        gauge!(CPU_SECONDS_TOTAL).set(total_us as f64 / 1e6);
     }
 
     /// An execution was served from an answer `source` proposed (`joined`: by waiting for
@@ -152,6 +154,45 @@ impl ProactiveCounters {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let served = load(&self.hits) + load(&self.joins);
         gauge!(HIT_RATE).set(hit_rate(served, load(&self.misses)));
+    }
+}
+
+/// Describes the proactive metrics to the installed recorder and starts them at zero (see
+/// [`crate::metrics::describe`]).
+pub(crate) fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    use crate::proactive::predict::Source;
+    describe_counter!(
+        PREDICTIONS_TOTAL,
+        "Predictions scheduled for speculation, by source."
+    );
+    describe_counter!(
+        CACHE_HITS_TOTAL,
+        "Executions answered from speculation (cached or joined)."
+    );
+    describe_counter!(
+        CACHE_MISSES_TOTAL,
+        "Executions of proactive sessions run for real."
+    );
+    describe_histogram!(
+        EXECUTION_SECONDS,
+        Unit::Seconds,
+        "Time a speculative snippet ran in its child."
+    );
+    describe_gauge!(CACHE_SIZE, Unit::Bytes, "Bytes of speculative answers held.");
+    describe_gauge!(HIT_RATE, "Share of proactive executions answered from speculation.");
+    describe_gauge!(
+        CPU_SECONDS_TOTAL,
+        Unit::Seconds,
+        "CPU time used by speculative children since the engine started."
+    );
+    for source in Source::ALL {
+        counter!(PREDICTIONS_TOTAL, "source" => source.as_str()).increment(0);
+    }
+    counter!(CACHE_HITS_TOTAL).increment(0);
+    counter!(CACHE_MISSES_TOTAL).increment(0);
+    for name in [CACHE_SIZE, HIT_RATE, CPU_SECONDS_TOTAL] {
+        gauge!(name).increment(0.0);
     }
 }
 
