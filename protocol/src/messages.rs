@@ -79,6 +79,10 @@ pub enum HostMessage {
     },
     /// Kill the child of speculation `id` if it still runs.
     CancelSpeculation { id: String },
+    /// The host answered `code` from a speculative run computed on the namespace exactly as
+    /// it is (no execution ran since): count it as an execution of the session (its cell
+    /// number, its source for tracebacks). No reply.
+    Counted { code: String },
     /// The host is about to answer `code` from the cache: check that everything the
     /// speculative run read is as it was (`reads`, `files`, `ambient`) and, if so, count the
     /// answer as an execution of the session (its cell number, its source for tracebacks).

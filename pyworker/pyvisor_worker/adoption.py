@@ -9,6 +9,10 @@ linecache under its ``<cell-N>``, so later tracebacks are numbered as if it had 
 
 Reply: {"type": "adopt_done", "id", "fresh": bool, "reason": null | "changed df" |
 "changed /data/x.csv" | "changed the ambient"}.
+
+A counted message ({"code"}) is what is left of an adopt when the host knows that nothing ran
+since the speculative run forked (its answer read the namespace exactly as it is, and no
+file): it only counts the execution, and has no reply.
 """
 
 from pyvisor_worker import execution, fingerprints, quiet, state, surroundings
@@ -28,6 +32,15 @@ def adopt(request):
     if reason is None:
         execution.count_cell(code)
     return adopt_done(adopt_id, reason)
+
+
+def counted(request):
+    """Serve a counted message: the host answered its code from a speculative run on the
+    namespace as it is, and only the count is left to do. No reply."""
+    code = request.get("code")
+    if not isinstance(code, str):
+        raise TypeError("counted message needs code")
+    execution.count_cell(code)
 
 
 def adopt_done(adopt_id, reason):

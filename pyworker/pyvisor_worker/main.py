@@ -90,6 +90,8 @@ def _serve():
                 reply = speculation.speculate(request)  # None: a thread replies
             elif kind == "adopt":
                 reply = adoption.adopt(request)
+            elif kind == "counted":
+                reply = adoption.counted(request)
             else:
                 reply = restores.restore(request)
         except BaseException as exc:
@@ -111,5 +113,7 @@ def _fault_reply(request, exc):
         return speculation.speculation_done(request_id, "crashed: " + reason, 0.0)
     if kind == "adopt":
         return adoption.adopt_done(request_id, reason)
+    if kind == "counted":  # nothing to answer: the host served it already
+        return None
     return {"type": "restore_done", "id": request_id, "restored": [], "kept": [], "lost": [],
             "error": reason}

@@ -27,6 +27,7 @@ Host -> worker:
      "reads": [{"name": "df", "fingerprint": "1f0c..." | null}],
      "files": [{"path": "/d/x.csv", "size": 10, "mtime_ns": 1, "ctime_ns": 1, "inode": 7}],
      "ambient": "883fdfd9"}
+    {"type": "counted", "code": "df.head()"}                  no reply
     {"type": "shutdown"}
 
 An execute may also carry "facts": true, for a "facts" message about the cell after its result.
@@ -261,7 +262,7 @@ def read_requests(interrupt, inspect, cancel_speculation):
             # With the count of cancels so far: an execute that comes after it cancels it
             # even before it starts.
             requests.put(dict(message, cancels=state.speculation_cancels))
-        elif kind in ("checkpoint", "adopt"):
+        elif kind in ("checkpoint", "adopt", "counted"):
             requests.put(message)
         elif kind == "cancel_speculation":
             cancel_speculation(message.get("id"))

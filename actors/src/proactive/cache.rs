@@ -44,6 +44,9 @@ pub struct CacheEntry {
     pub key: ReadKey,
     /// The prediction source that proposed it (a metric label).
     pub source: &'static str,
+    /// The session's count of real executions when its speculation forked: while it is
+    /// still the count, the namespace is exactly what the answer read.
+    pub forked_at: u64,
 }
 
 impl CacheEntry {
@@ -326,6 +329,7 @@ mod tests {
                 reads: Vec::new(),
             },
             source: "namespace",
+            forked_at: 0,
         })
     }
 

@@ -76,6 +76,8 @@ pub(crate) enum ServePath {
 struct InFlight {
     id: String,
     snapshot: Snapshot,
+    /// The session's count of real executions when it was sent.
+    forked_at: u64,
     snippets: Vec<PlannedSnippet>,
     /// Servable answers, by snippet; `answered` says which snippets are done at all.
     ready: Vec<Option<Arc<CacheEntry>>>,
@@ -100,6 +102,8 @@ pub(crate) struct Proactive {
     versions: VersionTable,
     /// Until they come, the versions are behind and nothing is served from the cache.
     awaited: Option<AwaitedFacts>,
+    /// Real executions so far, restores and crashes included: what changes the namespace.
+    real_runs: u64,
     /// Normal forms of the answers this session stored, with their keys.
     stored: HashMap<String, ReadKey>,
     flight: Option<InFlight>,
@@ -113,6 +117,7 @@ impl Proactive {
             setup,
             versions: VersionTable::default(),
             awaited: None,
+            real_runs: 0,
             stored: HashMap::new(),
             flight: None,
             share: ProactiveStats::default(),
@@ -153,6 +158,7 @@ impl Proactive {
 
     /// The worker will send the facts of real execution `execution_id` after its result.
     pub fn await_facts(&mut self, execution_id: String, rolled_back: bool) {
+        self.real_runs += 1;
         self.awaited = Some(AwaitedFacts {
             execution_id,
             rolled_back,
@@ -284,11 +290,28 @@ impl SessionActor {
         }));
     }
 
-    /// Asks the worker whether `entry` is still what the running execution would answer.
+    /// Asks the worker whether `entry` is still what the running execution would answer;
+    /// when nothing ran since its speculation forked and it read no file, the namespace is
+    /// exactly what it read, and the worker is only told to count it.
     fn offer_cached(&mut self, entry: Arc<CacheEntry>, joined: bool, ctx: &mut Context<Self>) {
         let State::Busy(running) = &mut self.state else {
             return;
         };
+        let unchanged = self
+            .proactive
+            .as_ref()
+            .is_some_and(|p| p.real_runs == entry.forked_at && entry.outcome.files.is_empty());
+        if unchanged {
+            let counted = HostMessage::Counted {
+                code: running.request.code.clone(),
+            };
+            running.path = ServePath::Adopting { entry, joined };
+            let sent = self.worker.as_ref().map(|w| w.writer.send(&counted));
+            if matches!(sent, Some(Ok(()))) {
+                return self.adopt_done(true, ctx);
+            }
+            return self.run_for_real(ctx);
+        }
         let frame = HostMessage::Adopt {
             id: running.ticket.execution_id.clone(),
             code: running.request.code.clone(),
@@ -399,6 +422,7 @@ impl SessionActor {
             return;
         };
         proactive.versions.new_epoch();
+        proactive.real_runs += 1;
         proactive.stored.clear();
         if let Some(flight) = &mut proactive.flight {
             flight.stale = true;
@@ -481,6 +505,7 @@ impl SessionActor {
                 outcome,
                 key: key.clone(),
                 source: planned.source,
+                forked_at: flight.forked_at,
             });
             flight.ready[index] = Some(entry.clone());
             proactive.remember(planned.normal.clone(), key);
@@ -584,6 +609,7 @@ impl Handler<Speculate> for SessionActor {
         proactive.flight = Some(InFlight {
             id,
             snapshot: versions.snapshot(),
+            forked_at: proactive.real_runs,
             snippets,
             ready: vec![None; count],
             answered: vec![false; count],
