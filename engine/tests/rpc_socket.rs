@@ -600,3 +600,76 @@ async fn create_applies_python_cwd_env_and_limits() {
     assert_eq!(reply["error"]["code"], -32602);
     assert!(reply["error"]["message"].as_str().unwrap().contains("cwd"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hinted_code_is_served_ahead_and_bad_hints_are_invalid_params() {
+    let daemon = Daemon::start_with(&[], &[("PYVISOR_PROACTIVE__YIELD_TO_LOAD", "false")]).await;
+    let mut conn = daemon.connect().await;
+    let session = create(&mut conn, json!({})).await;
+    execute(&mut conn, &session, "xs = list(range(10))").await;
+    let hinted = conn
+        .call(
+            "session.hint",
+            json!({"session_id": session, "code": ["sum(xs) * 2", "not python ("]}),
+        )
+        .await;
+    assert_eq!(hinted["accepted"], 1, "{hinted}");
+    let mut served = None;
+    for _ in 0..300 {
+        let answer = execute(&mut conn, &session, "sum(xs) * 2").await;
+        assert_eq!(answer["result"]["repr"], "90");
+        if answer["from_cache"] == true {
+            served = Some(answer);
+            break;
+        }
+        // Not computed yet: leave the session idle for the predictor.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        served.is_some(),
+        "the hinted code was never served from speculation"
+    );
+    let real = conn
+        .call(
+            "session.execute",
+            json!({"session_id": session, "code": "sum(xs) * 2", "cache": false}),
+        )
+        .await;
+    assert_eq!(real["from_cache"], false);
+    let stats = conn.call("engine.stats", json!({})).await;
+    assert!(stats["proactive"]["hits"].as_u64().unwrap() >= 1, "{stats}");
+    let info = conn
+        .call("session.info", json!({"session_id": session}))
+        .await;
+    assert!(info["proactive"]["hits"].as_u64().unwrap() >= 1, "{info}");
+
+    let plain = create(&mut conn, json!({"proactive": false})).await;
+    let hinted = conn
+        .call(
+            "session.hint",
+            json!({"session_id": plain, "code": ["1 + 1"]}),
+        )
+        .await;
+    assert_eq!(hinted["accepted"], 0);
+    let info = conn
+        .call("session.info", json!({"session_id": plain}))
+        .await;
+    assert!(info.get("proactive").is_none(), "{info}");
+
+    let too_many: Vec<String> = (0..65).map(|i| format!("{i}")).collect();
+    let too_long = "x".repeat(70_000);
+    for params in [
+        json!({"session_id": session, "code": too_many}),
+        json!({"session_id": session, "code": [too_long]}),
+        json!({"session_id": session, "code": "1 + 1"}),
+        json!({"session_id": session}),
+    ] {
+        let reply = conn.try_call("session.hint", params).await.unwrap();
+        assert_eq!(reply["error"]["code"], -32602, "{reply}");
+    }
+    let reply = conn
+        .try_call("session.hint", json!({"session_id": "nope", "code": []}))
+        .await
+        .unwrap();
+    assert_eq!(reply["error"]["code"], -32001, "{reply}");
+}

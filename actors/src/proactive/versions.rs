@@ -12,6 +12,9 @@ use std::collections::HashMap;
 
 use pyvisor_protocol::CellFacts;
 
+/// Names whose versions a session keeps at most; past it, a new epoch.
+const MAX_NAMES: usize = 100_000;
+
 /// The versions of one session's names.
 #[derive(Debug, Clone, Default)]
 pub struct VersionTable {
@@ -61,6 +64,10 @@ impl VersionTable {
             self.names.insert(name.clone(), self.clock);
         }
         self.ambient.clone_from(&facts.ambient);
+        if self.names.len() > MAX_NAMES {
+            // A namespace this large churns through names: start over rather than grow.
+            self.new_epoch();
+        }
     }
 
     /// Nothing known before holds any more (a restore, a crash, an unknown change).

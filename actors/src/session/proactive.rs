@@ -27,6 +27,13 @@ use crate::proactive::versions::{ReadKey, Snapshot, VersionTable};
 
 /// Answers a session remembers having stored, to tell a likely hit without asking the cache.
 const REMEMBERED_ANSWERS: usize = 64;
+/// What the host takes in of a worker's facts (the worker is untrusted): object summaries,
+/// columns per summary, and names per list; longer name lists count as "anything may have
+/// changed".
+const MAX_FACT_OBJECTS: usize = 20;
+const MAX_FACT_COLUMNS: usize = 200;
+const MAX_FACT_NAMES: usize = 4096;
+const MAX_FACT_FILES: usize = 64;
 
 /// What a session needs to take part in proactive computation.
 #[derive(Clone)]
@@ -401,6 +408,7 @@ impl SessionActor {
             proactive.awaited = Some(awaited);
             return;
         }
+        let facts = facts.and_then(bounded);
         proactive
             .versions
             .observe(facts.as_deref(), awaited.rolled_back);
@@ -565,6 +573,24 @@ impl SessionActor {
         }
         self.publish_idle(ctx);
     }
+}
+
+/// `facts` cut to what the host takes in from an untrusted worker; `None` (anything may have
+/// changed) when its name lists are longer than any real cell's.
+fn bounded(mut facts: Box<CellFacts>) -> Option<Box<CellFacts>> {
+    let too_long = |names: &Vec<String>| names.len() > MAX_FACT_NAMES;
+    if too_long(&facts.reads)
+        || too_long(&facts.binds)
+        || facts.touched.as_ref().is_some_and(too_long)
+    {
+        return None;
+    }
+    facts.objects.truncate(MAX_FACT_OBJECTS);
+    for object in &mut facts.objects {
+        object.columns.truncate(MAX_FACT_COLUMNS);
+    }
+    facts.files.truncate(MAX_FACT_FILES);
+    Some(facts)
 }
 
 impl Handler<Speculate> for SessionActor {

@@ -355,10 +355,17 @@ impl Dispatcher {
 
     async fn hint(&self, params: wire::HintParams) -> Result<wire::Hinted, RpcError> {
         const MAX_HINTS: usize = 64;
+        const MAX_HINT_BYTES: usize = 64 * 1024;
         if params.code.len() > MAX_HINTS {
             return Err(RpcError::invalid_params(format!(
                 "code: at most {MAX_HINTS} snippets per hint, got {}",
                 params.code.len()
+            )));
+        }
+        if let Some(long) = params.code.iter().find(|code| code.len() > MAX_HINT_BYTES) {
+            return Err(RpcError::invalid_params(format!(
+                "code: a snippet of {} bytes; a hint takes snippets of at most {MAX_HINT_BYTES}",
+                long.len()
             )));
         }
         let session = self.session(&params.session_id).await?;
