@@ -160,8 +160,8 @@ impl ProactiveCounters {
 /// Describes the proactive metrics to the installed recorder and starts them at zero (see
 /// [`crate::metrics::describe`]).
 pub(crate) fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     use crate::proactive::predict::Source;
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
         PREDICTIONS_TOTAL,
         "Predictions scheduled for speculation, by source."
@@ -179,8 +179,15 @@ pub(crate) fn describe() {
         Unit::Seconds,
         "Time a speculative snippet ran in its child."
     );
-    describe_gauge!(CACHE_SIZE, Unit::Bytes, "Bytes of speculative answers held.");
-    describe_gauge!(HIT_RATE, "Share of proactive executions answered from speculation.");
+    describe_gauge!(
+        CACHE_SIZE,
+        Unit::Bytes,
+        "Bytes of speculative answers held."
+    );
+    describe_gauge!(
+        HIT_RATE,
+        "Share of proactive executions answered from speculation."
+    );
     describe_gauge!(
         CPU_SECONDS_TOTAL,
         Unit::Seconds,
