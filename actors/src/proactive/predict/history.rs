@@ -22,6 +22,33 @@ pub struct HistoryGuess {
     pub template: String,
     pub cost_ms: f64,
     pub kind: GuessKind,
+    /// How many cells back the cell it comes from is (0 for the last one).
+    pub age: usize,
+}
+
+impl HistoryGuess {
+    /// The key of the rate this guess is counted under: its kind and how old its cell is.
+    pub fn rate_key(&self) -> String {
+        let age = match self.age {
+            0..=2 => self.age.to_string(),
+            3..=4 => "3-4".to_string(),
+            5..=8 => "5-8".to_string(),
+            _ => "9+".to_string(),
+        };
+        format!("{}/{age}", self.kind.as_str())
+    }
+}
+
+impl GuessKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            GuessKind::Reapplied => "reapplied",
+            GuessKind::RepeatedChanged => "repeated-changed",
+            GuessKind::Repeated => "repeated",
+            GuessKind::OtherColumn => "other-column",
+            GuessKind::OtherObject => "other-object",
+        }
+    }
 }
 
 /// Which way the history gave a guess; each has its own learned rate.
@@ -33,17 +60,17 @@ pub enum GuessKind {
     RepeatedChanged,
     /// An earlier cell again, nothing it reads changed.
     Repeated,
+    /// A recent cell with another column (`varied.rs`).
+    OtherColumn,
+    /// A recent cell on another object of the same kind (`varied.rs`).
+    OtherObject,
 }
 
 impl SessionModel {
     /// Adds the history's guesses to `pool`, each with its kind's learned rate.
     pub(super) fn guess_from_history(&self, table: &Table, pool: &mut Pool) {
         for guess in self.history_guesses() {
-            let p = match guess.kind {
-                GuessKind::Reapplied => table.history.smoothed(50.0),
-                GuessKind::RepeatedChanged => table.repeat_changed.smoothed(50.0),
-                GuessKind::Repeated => table.repeat_unchanged.smoothed(50.0),
-            };
+            let p = table.history_rate(&guess.rate_key());
             pool.add(
                 guess.code,
                 guess.template,
@@ -57,7 +84,7 @@ impl SessionModel {
     /// The guesses of the history source.
     pub(super) fn history_guesses(&self) -> Vec<HistoryGuess> {
         let mut out: Vec<HistoryGuess> = Vec::new();
-        for past in self.history.iter().rev().take(LOOK_BACK) {
+        for (age, past) in self.history.iter().rev().take(LOOK_BACK).enumerate() {
             if !past.single || !past.ok {
                 continue;
             }
@@ -73,10 +100,16 @@ impl SessionModel {
                         template: past.template.key.clone(),
                         cost_ms: self.default_cost(&past.template.vars),
                         kind,
+                        age,
                     });
                 }
             }
-            out.extend(self.reapplied(past));
+            out.extend(self.reapplied(past, age));
+        }
+        for guess in self.varied_guesses() {
+            if !out.iter().any(|g| g.code == guess.code) {
+                out.push(guess);
+            }
         }
         out
     }
@@ -92,7 +125,7 @@ impl SessionModel {
     }
 
     /// `past`, a cell on one object, applied to the newer objects of the same kind.
-    fn reapplied(&self, past: &Observed) -> Vec<HistoryGuess> {
+    fn reapplied(&self, past: &Observed, age: usize) -> Vec<HistoryGuess> {
         let mut out = Vec::new();
         let [name] = past.template.vars.as_slice() else {
             return out;
@@ -127,9 +160,45 @@ impl SessionModel {
                     template: past.template.key.clone(),
                     cost_ms: self.default_cost(&vars),
                     kind: GuessKind::Reapplied,
+                    age,
                 });
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guess(kind: GuessKind, age: usize) -> HistoryGuess {
+        HistoryGuess {
+            code: "df.head()".to_string(),
+            template: "$0.head()".to_string(),
+            cost_ms: 1.0,
+            kind,
+            age,
+        }
+    }
+
+    #[test]
+    fn rates_are_kept_by_kind_and_age() {
+        assert_eq!(guess(GuessKind::Reapplied, 0).rate_key(), "reapplied/0");
+        assert_eq!(guess(GuessKind::Repeated, 4).rate_key(), "repeated/3-4");
+        assert_eq!(
+            guess(GuessKind::RepeatedChanged, 30).rate_key(),
+            "repeated-changed/9+"
+        );
+        let mut table = Table::default();
+        table.history.insert(
+            "reapplied/0".to_string(),
+            super::super::table::Rate {
+                hits: 49,
+                trials: 100,
+            },
+        );
+        assert!(table.history_rate("reapplied/0") > 0.2);
+        assert!(table.history_rate("reapplied/1") < 0.02);
     }
 }

@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::chain::{added, drop_key, drop_key_general, split};
-use super::history::GuessKind;
 use super::model::{column_class, SessionModel};
 use super::normal::{is_single_expression, normalise};
 use super::offline::TraceCell;
@@ -132,9 +131,7 @@ pub struct TableBuilder {
     col_slots: u64,
     kinds: HashMap<String, BTreeMap<String, u32>>,
     col_classes: HashMap<String, BTreeMap<String, u32>>,
-    history: Rate,
-    repeat_changed: Rate,
-    repeat_unchanged: Rate,
+    history: BTreeMap<String, Rate>,
     runtimes: HashMap<String, (u64, f64)>,
 }
 
@@ -213,11 +210,7 @@ impl TableBuilder {
         }
         let normal = normalise(&cell.code);
         for guess in model.history_guesses() {
-            let rate = match guess.kind {
-                GuessKind::Reapplied => &mut self.history,
-                GuessKind::RepeatedChanged => &mut self.repeat_changed,
-                GuessKind::Repeated => &mut self.repeat_unchanged,
-            };
+            let rate = self.history.entry(guess.rate_key()).or_default();
             rate.trials += 1;
             rate.hits += u64::from(Some(&guess.code) == normal.as_ref());
         }
@@ -296,8 +289,6 @@ impl TableBuilder {
             kinds: keep(self.kinds),
             col_classes: keep(self.col_classes),
             history: self.history,
-            repeat_changed: self.repeat_changed,
-            repeat_unchanged: self.repeat_unchanged,
             chain,
             attribute_columns: self.attribute_columns,
             runtime_ms: self

@@ -21,6 +21,7 @@ mod syntax;
 mod table;
 mod template;
 mod tokens;
+mod varied;
 
 pub use evaluate::{evaluate, Coverage};
 pub use learn::{Limits, TableBuilder};

@@ -69,14 +69,10 @@ pub struct Table {
     pub kinds: BTreeMap<String, BTreeMap<String, u32>>,
     /// Template to the classes of column its `$c0` held, with counts.
     pub col_classes: BTreeMap<String, BTreeMap<String, u32>>,
-    /// How often re-applying an earlier cell of the session to another object was right.
-    pub history: Rate,
-    /// How often running an earlier cell again was right, after what it reads changed.
+    /// How often each kind of history guess was right, by kind and age of the cell it
+    /// comes from (see `HistoryGuess::rate_key`).
     #[serde(default)]
-    pub repeat_changed: Rate,
-    /// The same when nothing it reads changed.
-    #[serde(default)]
-    pub repeat_unchanged: Rate,
+    pub history: BTreeMap<String, Rate>,
     /// Chain contexts (the last cell with its last trailers dropped, see `chain.rs`) to the
     /// trailers the next cell added, relative to the kept part.
     #[serde(default)]
@@ -87,6 +83,9 @@ pub struct Table {
     /// Mean runtime of each template in the corpus, in milliseconds.
     pub runtime_ms: BTreeMap<String, f64>,
 }
+
+/// How many misses the prior of one history rate is worth.
+const HISTORY_PRIOR_TRIALS: f64 = 100.0;
 
 static BUILTIN: OnceLock<Table> = OnceLock::new();
 
@@ -102,6 +101,15 @@ impl Table {
     /// The share of free variable slots filled by the `rank`-th most recent object.
     pub fn var_rank(&self, rank: usize) -> f64 {
         rank_share(&self.var_rank, rank)
+    }
+
+    /// The hit rate of history guesses counted under `key`; low when never counted.
+    pub fn history_rate(&self, key: &str) -> f64 {
+        self.history
+            .get(key)
+            .copied()
+            .unwrap_or_default()
+            .smoothed(HISTORY_PRIOR_TRIALS)
     }
 
     /// The share of free column slots filled by the `rank`-th ranked column.
@@ -142,5 +150,5 @@ fn fit(counts: Option<&BTreeMap<String, u32>>, key: &str) -> f64 {
     }
     let max = known.values().map(|&&c| c).max().unwrap_or(0);
     let count = counts.get(key).copied().unwrap_or(0);
-    (f64::from(count) + 0.1) / (f64::from(max) + 0.1)
+    (f64::from(count) + 1.0) / (f64::from(max) + 1.0)
 }

@@ -1,0 +1,207 @@
+//! The session's last cells again with one slot refilled: the same inspection of the next
+//! column (`df['a'].nunique()` then `df['b'].nunique()`), or of another object of the same
+//! kind that has the columns it reads (`len(week1)` then `len(week2)`).
+//!
+//! Part of the history source (`history.rs` adds these guesses to its own); each way of
+//! varying has its own rate, counted on the corpus like the history's.
+
+use super::history::{GuessKind, HistoryGuess};
+use super::model::{column_class, Observed, SessionModel};
+use super::template::{instantiate, Filling};
+
+/// How many of the last cells are varied.
+const LAST_CELLS: usize = 1;
+/// Columns tried for one column slot, and objects for one variable.
+const COLUMNS: usize = 2;
+const OBJECTS: usize = 3;
+
+impl SessionModel {
+    /// The last few single-expression cells, each with one column or one object changed.
+    pub(super) fn varied_guesses(&self) -> Vec<HistoryGuess> {
+        let mut out = Vec::new();
+        let recent = self
+            .history
+            .iter()
+            .rev()
+            .enumerate()
+            .filter(|(_, p)| p.single && p.ok)
+            .take(LAST_CELLS);
+        for (age, past) in recent {
+            out.extend(self.other_columns(past, age));
+            out.extend(self.other_objects(past, age));
+        }
+        out
+    }
+
+    /// `past` with one of its columns replaced by another of the same class (type and
+    /// cardinality) in its frame, in the order the session is likely to go through them.
+    fn other_columns(&self, past: &Observed, age: usize) -> Vec<HistoryGuess> {
+        let mut out = Vec::new();
+        let Some(owner) = past.template.vars.first() else {
+            return out;
+        };
+        let Some(object) = self.objects.get(owner) else {
+            return out;
+        };
+        let rows = object.len;
+        let class_of = |label: &str| {
+            object
+                .columns
+                .iter()
+                .find(|c| c.name == label)
+                .map(|c| column_class(c, rows))
+        };
+        for (slot, label) in past.template.cols.iter().enumerate() {
+            let Some(class) = class_of(label) else {
+                continue;
+            };
+            let choices = self
+                .ranked_columns(owner)
+                .into_iter()
+                .filter(|c| !past.template.cols.contains(&c.name))
+                .filter(|c| column_class(c, rows) == class)
+                .take(COLUMNS);
+            for column in choices {
+                let mut cols = past.template.cols.clone();
+                cols[slot] = column.name.clone();
+                let filling = Filling {
+                    vars: &past.template.vars,
+                    cols: &cols,
+                    ..Filling::default()
+                };
+                if let Some(code) = instantiate(&past.template.key, &filling) {
+                    out.push(HistoryGuess {
+                        code,
+                        template: past.template.key.clone(),
+                        cost_ms: self.default_cost(&past.template.vars),
+                        kind: GuessKind::OtherColumn,
+                        age,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// `past`, a cell on one object, applied to other recent objects of the same kind that
+    /// have its columns (newer ones are the history's own re-application).
+    fn other_objects(&self, past: &Observed, age: usize) -> Vec<HistoryGuess> {
+        let mut out = Vec::new();
+        let [name] = past.template.vars.as_slice() else {
+            return out;
+        };
+        let kind = self.kind(name);
+        let others = self
+            .recency
+            .iter()
+            .filter(|o| *o != name && self.kind(o) == kind)
+            .filter(|o| self.bound_at.get(*o).is_none_or(|&at| at <= past.seq))
+            .take(OBJECTS);
+        for other in others {
+            let columns = self.ranked_columns(other);
+            if !past
+                .template
+                .cols
+                .iter()
+                .all(|c| columns.iter().any(|col| &col.name == c))
+            {
+                continue;
+            }
+            let vars = [other.clone()];
+            let filling = Filling {
+                vars: &vars,
+                cols: &past.template.cols,
+                ..Filling::default()
+            };
+            if let Some(code) = instantiate(&past.template.key, &filling) {
+                out.push(HistoryGuess {
+                    code,
+                    template: past.template.key.clone(),
+                    cost_ms: self.default_cost(&vars),
+                    kind: GuessKind::OtherObject,
+                    age,
+                });
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pyvisor_protocol::messages::{CellFacts, ColumnSummary, ObjectSummary};
+
+    use super::*;
+
+    fn column(name: &str, dtype: &str, distinct: u64) -> ColumnSummary {
+        ColumnSummary {
+            name: name.to_string(),
+            label_is_str: true,
+            dtype: dtype.to_string(),
+            nulls: 0,
+            distinct,
+        }
+    }
+
+    fn frame(name: &str) -> ObjectSummary {
+        let columns = vec![
+            column("buying", "str", 4),
+            column("maint", "str", 4),
+            column("doors", "int64", 4),
+            column("price", "float64", 900),
+        ];
+        ObjectSummary {
+            name: name.to_string(),
+            kind: "DataFrame".to_string(),
+            module: "pandas".to_string(),
+            len: Some(1000),
+            shape: vec![1000, 4],
+            columns,
+            index: Some("RangeIndex".to_string()),
+        }
+    }
+
+    fn run(model: &mut SessionModel, code: &str, binds: &[&str], objects: Vec<ObjectSummary>) {
+        let facts = CellFacts {
+            binds: binds.iter().map(|s| s.to_string()).collect(),
+            objects,
+            ..CellFacts::default()
+        };
+        model.observe(code, &facts, true);
+    }
+
+    fn guesses(model: &SessionModel, kind: GuessKind) -> Vec<String> {
+        model
+            .varied_guesses()
+            .into_iter()
+            .filter(|g| g.kind == kind)
+            .map(|g| g.code)
+            .collect()
+    }
+
+    #[test]
+    fn the_last_cell_moves_on_to_the_next_columns() {
+        let mut model = SessionModel::new();
+        run(&mut model, "cars = load()", &["cars"], vec![frame("cars")]);
+        run(
+            &mut model,
+            "cars['buying'].nunique()",
+            &[],
+            vec![frame("cars")],
+        );
+        let columns = guesses(&model, GuessKind::OtherColumn);
+        // `doors` and `price` are numbers: not what a count of categories moves on to.
+        assert_eq!(columns, ["cars['maint'].nunique()"]);
+    }
+
+    #[test]
+    fn the_last_cell_moves_on_to_other_objects_of_its_kind() {
+        let mut model = SessionModel::new();
+        run(&mut model, "a = load()", &["a"], vec![frame("a")]);
+        run(&mut model, "b = load()", &["b"], vec![frame("b")]);
+        run(&mut model, "n = 3", &["n"], vec![]);
+        run(&mut model, "len(a)", &[], vec![frame("a")]);
+        let objects = guesses(&model, GuessKind::OtherObject);
+        assert_eq!(objects, ["len(b)"]);
+    }
+}
