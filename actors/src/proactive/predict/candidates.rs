@@ -279,6 +279,9 @@ impl SessionModel {
             };
             let mut guesses: Vec<(&str, f64)> = guesses.into_iter().collect();
             guesses.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+            if chain.needs_subscript(keep) {
+                guesses.retain(|(rel, _)| rel.starts_with('['));
+            }
             for (rel, p) in guesses.into_iter().filter(|(_, p)| *p >= MIN_SHARE) {
                 // Outcomes are recorded under the cut and what was added.
                 let template = format!("-{}:{}", n - keep, absolute(rel));

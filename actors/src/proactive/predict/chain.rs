@@ -84,6 +84,17 @@ impl Chain {
         out
     }
 
+    /// Whether the root and first `keep` trailers end in an indexer or a shape (`df.loc`,
+    /// `s.iloc`, `df.shape`), which only a subscript can follow usefully.
+    pub fn needs_subscript(&self, keep: usize) -> bool {
+        let last = keep.checked_sub(1).and_then(|i| self.trailers.get(i));
+        matches!(
+            last.map(|t| t.iter().map(|t| t.text.as_str()).collect::<Vec<_>>())
+                .as_deref(),
+            Some([".", "loc" | "iloc" | "at" | "iat" | "shape"])
+        )
+    }
+
     /// The trailers from `from` on, as tokens.
     pub fn suffix(&self, from: usize) -> Vec<Token> {
         self.trailers.iter().skip(from).flatten().cloned().collect()
@@ -157,6 +168,10 @@ mod tests {
             parts,
             ["[df.a>3]", ".sort_values('b')", ".head(5)", ".shape"]
         );
+        assert!(!c.needs_subscript(0) && !c.needs_subscript(3) && c.needs_subscript(4));
+        let c = chain("df.loc[df.a > 3].shape");
+        assert!(c.needs_subscript(3) && !c.needs_subscript(2));
+        assert!(chain("df.iloc").needs_subscript(1));
         assert!(split(&tokenize("df.a + 1").expect("tokenizes"), &scope()).is_none());
         assert!(split(&tokenize("len(df)").expect("tokenizes"), &scope()).is_none());
     }
