@@ -196,17 +196,28 @@ impl Replay<'_> {
             if index > 0 {
                 tokio::time::sleep(self.think).await;
             }
-            let asked = Instant::now();
-            let answer = self.target.execute(&session, code).await?;
-            let latency = asked.elapsed();
+            // With a twin, every other cell runs in the twin first, so that the pause before
+            // a request, which costs a cold start of its own, falls on each alike.
+            let twin_first = index % 2 == 1;
+            let real_before = match (&twin, twin_first) {
+                (Some(twin), true) => Some(self.timed(twin, code).await?),
+                _ => None,
+            };
+            let (answer, latency) = self.timed(&session, code).await?;
             report.cell(index == 0, answer.from_cache, latency);
             report.sample_cache(self.target.proactive_stats().await?.cache_bytes);
-            if let Some(twin) = &twin {
-                let real = self.target.execute(twin, code).await?;
-                if let Some(difference) = Difference::between(&sequence.name, index, &answer, &real)
-                {
-                    report.differences.push(difference);
-                }
+            let Some(twin) = &twin else {
+                continue;
+            };
+            let (real, real_latency) = match real_before {
+                Some(before) => before,
+                None => self.timed(twin, code).await?,
+            };
+            if !answer.from_cache {
+                report.twin_miss(real_latency);
+            }
+            if let Some(difference) = Difference::between(&sequence.name, index, &answer, &real) {
+                report.differences.push(difference);
             }
         }
         self.target.close(&session).await?;
@@ -214,5 +225,16 @@ impl Replay<'_> {
             self.target.close(twin).await?;
         }
         Ok(())
+    }
+
+    /// Runs `code` in `session`: its result and how long the caller waited for it.
+    async fn timed(
+        &self,
+        session: &target::Replayed,
+        code: &str,
+    ) -> Result<(pyvisor::ExecutionResult, Duration), String> {
+        let asked = Instant::now();
+        let answer = self.target.execute(session, code).await?;
+        Ok((answer, asked.elapsed()))
     }
 }

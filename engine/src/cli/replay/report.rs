@@ -29,8 +29,13 @@ pub struct Report {
     hit_latencies: Vec<Duration>,
     #[serde(skip)]
     miss_latencies: Vec<Duration>,
+    #[serde(skip)]
+    twin_miss_latencies: Vec<Duration>,
     pub hit_ms: Percentiles,
     pub miss_ms: Percentiles,
+    /// With `--verify`: the twin's latency on the cells that were misses, run right after
+    /// them in the same engine: what the misses would have cost without proactive computation.
+    pub twin_miss_ms: Percentiles,
     /// CPU time speculative children used during the replay.
     pub speculation_cpu_ms: f64,
     /// That CPU time as a share of one core over the replay's wall time.
@@ -128,6 +133,11 @@ impl Report {
         }
     }
 
+    /// The twin ran a cell that was a miss in `latency`.
+    pub fn twin_miss(&mut self, latency: Duration) {
+        self.twin_miss_latencies.push(latency);
+    }
+
     /// The cache held `bytes` after a cell.
     pub fn sample_cache(&mut self, bytes: u64) {
         self.peak_cache_bytes = self.peak_cache_bytes.max(bytes);
@@ -138,6 +148,7 @@ impl Report {
         self.served_share = ratio(self.served, self.predictable_cells);
         self.hit_ms = Percentiles::of(&mut self.hit_latencies);
         self.miss_ms = Percentiles::of(&mut self.miss_latencies);
+        self.twin_miss_ms = Percentiles::of(&mut self.twin_miss_latencies);
         self.speculation_cpu_ms = after.cpu_ms - before.cpu_ms;
         self.wall_s = wall.as_secs_f64();
         self.speculation_core_share = match self.wall_s {
@@ -180,6 +191,13 @@ impl Report {
             latency(&self.miss_ms),
             self.miss_ms.count
         );
+        if self.twin_miss_ms.count > 0 {
+            println!(
+                "the same cells in the twin, without proactive computation: {} ({:.3}× at p50)",
+                latency(&self.twin_miss_ms),
+                self.miss_ms.p50 / self.twin_miss_ms.p50
+            );
+        }
         println!(
             "speculation CPU: {:.0} ms over {:.0} s ({:.1}% of one core)",
             self.speculation_cpu_ms,
