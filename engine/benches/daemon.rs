@@ -8,7 +8,6 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,8 +17,10 @@ use pyvisor::rpc::wire::{CreateParams, ExecuteParams};
 use pyvisor::{Engine, EngineConfig, StateConfig};
 
 mod common;
+mod daemon_process;
 
 use common::{quantile, sorted};
+use daemon_process::{connect, start_daemon};
 
 /// Concurrent clients of the throughput figures, each on a session of its own. Each runs
 /// `x = 1` back to back for the window; the rate counts the executions that ended in it.
@@ -75,7 +76,8 @@ fn main() {
     print_throughput("embedded, 64 sessions", embedded.1);
 
     let http_port = free_port();
-    let _daemon = DaemonGuard(start_daemon(home.path(), http_port));
+    let http = ["--http".to_owned(), format!("127.0.0.1:{http_port}")];
+    let _daemon = start_daemon(home.path(), &http);
     let socket = home.path().join("pyvisor.sock");
     let unix = runtime.block_on(socket_figures(&socket, rounds, window));
     print_latency("Unix socket, Rust client", &unix.0, Some(&embedded.0));
@@ -84,16 +86,6 @@ fn main() {
     let http = http_figures(http_port, rounds, window);
     print_latency("HTTP POST /execute, keep-alive", &http.0, Some(&embedded.0));
     print_throughput("HTTP, 64 clients", http.1);
-}
-
-/// Kills the daemon when the bench ends, a panic included.
-struct DaemonGuard(Child);
-
-impl Drop for DaemonGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn engine_config(home: &Path) -> EngineConfig {
@@ -159,37 +151,6 @@ async fn embedded_figures(home: &Path, rounds: usize, window: Duration) -> (Figu
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().expect("local address").port()
-}
-
-fn start_daemon(home: &Path, http_port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_pyvisor"))
-        .args(["serve", "--socket"])
-        .arg(home.join("pyvisor.sock"))
-        .arg("--http")
-        .arg(format!("127.0.0.1:{http_port}"))
-        .current_dir(home)
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("PYVISOR_STATE__DIR", home.join("daemon-state"))
-        .env("PYVISOR_ENGINE__CACHE_DIR", home.join("cache"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start pyvisor serve")
-}
-
-async fn connect(socket: &Path) -> Client {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(client) = Client::connect(socket).await {
-            if client.health().await.is_ok() {
-                return client;
-            }
-        }
-        assert!(Instant::now() < deadline, "the daemon never answered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn socket_figures(socket: &Path, rounds: usize, window: Duration) -> (Figures, f64) {

@@ -11,16 +11,16 @@
 //! Run: `cargo bench -p pyvisor --bench proactive` (`PYVISOR_BENCH_QUICK=1` for a short run).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pyvisor::client::Client;
 use pyvisor::rpc::wire::{CreateParams, ExecuteParams};
 use pyvisor::{Engine, EngineConfig, ExecuteRequest, Session, SessionOptions, StateConfig};
 
 mod common;
+mod daemon_process;
 
 use common::{quantile, sorted};
+use daemon_process::{connect, start_daemon};
 
 const SETUP: &str = "import pandas as pd, numpy as np\n\
                      rng = np.random.default_rng(0)\n\
@@ -53,7 +53,7 @@ fn main() {
         .build()
         .expect("build the runtime");
     runtime.block_on(embedded(home.path(), rounds));
-    let _daemon = DaemonGuard(start_daemon(home.path()));
+    let _daemon = start_daemon(home.path(), &[]);
     runtime.block_on(socket(&home.path().join("pyvisor.sock"), rounds));
 }
 
@@ -217,43 +217,4 @@ async fn socket(path: &Path, rounds: usize) {
         "",
         real.as_secs_f64() / hit.as_secs_f64()
     );
-}
-
-/// Kills the daemon when the bench ends, a panic included.
-struct DaemonGuard(Child);
-
-impl Drop for DaemonGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_daemon(home: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_pyvisor"))
-        .args(["serve", "--socket"])
-        .arg(home.join("pyvisor.sock"))
-        .current_dir(home)
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("PYVISOR_STATE__DIR", home.join("daemon-state"))
-        .env("PYVISOR_ENGINE__CACHE_DIR", home.join("cache"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start pyvisor serve")
-}
-
-async fn connect(socket: &Path) -> Client {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(client) = Client::connect(socket).await {
-            if client.health().await.is_ok() {
-                return client;
-            }
-        }
-        assert!(Instant::now() < deadline, "the daemon never answered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
