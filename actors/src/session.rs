@@ -36,6 +36,8 @@ mod events;
 mod handlers;
 mod messages;
 mod proactive;
+mod serving;
+mod speculation;
 mod state;
 mod worker_events;
 
@@ -46,8 +48,9 @@ pub use messages::{
     ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary,
     SendInput, SessionPhase, SessionSnapshot,
 };
-pub(crate) use proactive::ServePath;
-pub use proactive::{PlannedSnippet, ProactiveSetup, Speculate};
+pub use proactive::ProactiveSetup;
+pub(crate) use serving::ServePath;
+pub use speculation::{PlannedSnippet, Speculate};
 use state::Durability;
 pub use state::{AutoCheckpoint, Inspection, StateSetup};
 
