@@ -136,6 +136,9 @@ fn cross_validate(sequences: &[Vec<TraceCell>], folds: usize, ks: &[usize]) -> C
             }
         }
         total.misses.extend(part.misses);
+        total.predict_calls += part.predict_calls;
+        total.predict_time += part.predict_time;
+        total.predict_slowest = total.predict_slowest.max(part.predict_slowest);
     }
     total
 }
@@ -146,6 +149,12 @@ fn report(title: &str, coverage: &Coverage, ks: &[usize]) {
         coverage.cells,
         coverage.single,
         100.0 * coverage.single as f64 / coverage.cells.max(1) as f64
+    );
+    println!(
+        "  predict: {:.3} ms a call on average, {:.3} ms at most ({} calls)",
+        coverage.predict_time.as_secs_f64() * 1e3 / coverage.predict_calls.max(1) as f64,
+        coverage.predict_slowest.as_secs_f64() * 1e3,
+        coverage.predict_calls
     );
     for k in ks {
         let sources: Vec<String> = coverage.by_source[k]

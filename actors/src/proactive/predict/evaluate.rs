@@ -3,6 +3,7 @@
 //! normal form is among the top K guesses.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use super::learned::Learned;
 use super::model::SessionModel;
@@ -24,6 +25,10 @@ pub struct Coverage {
     pub by_source: BTreeMap<usize, BTreeMap<&'static str, usize>>,
     /// Single expressions no guess matched: the cell before and the cell.
     pub misses: Vec<(String, String)>,
+    /// Calls of `predict`, their total time and the slowest one.
+    pub predict_calls: usize,
+    pub predict_time: Duration,
+    pub predict_slowest: Duration,
 }
 
 impl Coverage {
@@ -51,7 +56,12 @@ pub fn evaluate(
             coverage.single += usize::from(is_single_expression(&cell.code));
             let normal = normalise(&cell.code);
             if i > 0 {
+                let started = Instant::now();
                 let guesses = model.predict(table, learned, depth);
+                let took = started.elapsed();
+                coverage.predict_calls += 1;
+                coverage.predict_time += took;
+                coverage.predict_slowest = coverage.predict_slowest.max(took);
                 let rank = guesses
                     .iter()
                     .position(|g| Some(&g.normal) == normal.as_ref());
