@@ -203,6 +203,7 @@ impl SessionModel {
     /// Learned successors of each context of the last cell, backing off from the most
     /// specific context to the unconditional frequencies.
     fn guess_from_table(&self, table: &Table, pool: &mut Pool) {
+        let attribute = self.attribute_share(table);
         let mut mass = 1.0;
         for context in self.contexts() {
             let Some(followers) = table.next.get(&context.key) else {
@@ -228,7 +229,7 @@ impl SessionModel {
                     _ => Source::Template,
                 };
                 let template = absolute(rel);
-                for (form, share) in self.column_forms(rel, table) {
+                for (form, share) in column_forms(rel, attribute) {
                     for (code, fit, cost) in self.fillings(
                         &form,
                         &template,
@@ -255,6 +256,7 @@ impl SessionModel {
         let Some(chain) = tokenize(&last.code).and_then(|t| split(&t, &scope)) else {
             return;
         };
+        let attribute = self.attribute_share(table);
         let n = chain.trailers.len();
         for keep in 0..=n {
             let Some(general) = table.chain.get(&drop_key_general(n - keep)) else {
@@ -284,12 +286,13 @@ impl SessionModel {
             }
             for (rel, p) in guesses.into_iter().filter(|(_, p)| *p >= MIN_SHARE) {
                 // Outcomes are recorded under the cut and what was added.
-                let template = format!("-{}:{}", n - keep, absolute(rel));
-                for (form, share) in self.column_forms(rel, table) {
+                let counted = absolute(rel);
+                let template = format!("-{}:{counted}", n - keep);
+                for (form, share) in column_forms(rel, attribute) {
                     let wrap = |suffix: Vec<Token>| join(&chain, keep, suffix);
                     for (code, fit, cost) in self.fillings(
                         &form,
-                        &absolute(rel),
+                        &counted,
                         &context,
                         table,
                         MIN_SHARE / (p * share),
@@ -304,18 +307,6 @@ impl SessionModel {
                         );
                     }
                 }
-            }
-        }
-    }
-
-    /// A template as counted (columns as subscripts) and, when it subscripts a column, as
-    /// an attribute access, each with the share this session's style gives it.
-    fn column_forms(&self, rel: &str, table: &Table) -> Vec<(String, f64)> {
-        match attribute_columns(rel) {
-            None => vec![(rel.to_string(), 1.0)],
-            Some(attribute) => {
-                let share = self.attribute_share(table);
-                vec![(rel.to_string(), 1.0 - share), (attribute, share)]
             }
         }
     }
@@ -452,6 +443,16 @@ impl SessionModel {
             })
             .sum();
         1.0 + cells as f64 * 2e-5
+    }
+}
+
+/// A template as counted (columns as subscripts) and, when it subscripts a column, as an
+/// attribute access, each with the share a session writing `attribute` of its column
+/// accesses as attributes gives it.
+fn column_forms(rel: &str, attribute: f64) -> Vec<(String, f64)> {
+    match attribute_columns(rel) {
+        None => vec![(rel.to_string(), 1.0)],
+        Some(form) => vec![(rel.to_string(), 1.0 - attribute), (form, attribute)],
     }
 }
 

@@ -139,13 +139,7 @@ impl SessionModel {
             if other == name || !newer || already || self.kind(other) != kind {
                 continue;
             }
-            let columns = self.ranked_columns(other);
-            let has_columns = past
-                .template
-                .cols
-                .iter()
-                .all(|c| columns.iter().any(|col| &col.name == c));
-            if !has_columns {
+            if !self.has_columns(other, &past.template.cols) {
                 continue;
             }
             let vars = [other.clone()];

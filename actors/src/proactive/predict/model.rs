@@ -254,24 +254,39 @@ impl SessionModel {
         };
         let columns: Vec<&ColumnSummary> =
             object.columns.iter().filter(|c| c.label_is_str).collect();
-        let used = |c: &&ColumnSummary| self.used_columns.contains(&c.name);
-        let start = self
+        let at: HashMap<&str, usize> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.as_str(), i))
+            .collect();
+        // Used columns of this frame, the most recent first.
+        let used: Vec<usize> = self
             .used_columns
             .iter()
-            .find_map(|u| columns.iter().position(|c| &c.name == u))
-            .map_or(0, |i| i + 1);
+            .filter_map(|u| at.get(u.as_str()).copied())
+            .collect();
+        let start = used.first().map_or(0, |&i| i + 1);
         let mut out: Vec<&ColumnSummary> = columns[start..]
             .iter()
             .chain(&columns[..start])
-            .filter(|c| !used(c))
+            .filter(|c| !used.contains(&at[c.name.as_str()]))
             .copied()
             .collect();
-        for label in &self.used_columns {
-            if let Some(c) = columns.iter().find(|c| &c.name == label) {
-                out.push(c);
-            }
-        }
+        out.extend(used.iter().map(|&i| columns[i]));
         out
+    }
+
+    /// Whether the frame `name` has every one of the string column `labels`.
+    pub fn has_columns(&self, name: &str, labels: &[String]) -> bool {
+        let Some(object) = self.objects.get(name) else {
+            return labels.is_empty();
+        };
+        labels.iter().all(|label| {
+            object
+                .columns
+                .iter()
+                .any(|c| c.label_is_str && &c.name == label)
+        })
     }
 
     /// The share of column accesses this session writes as attributes (`df.a`), starting
@@ -340,4 +355,48 @@ pub fn column_class(column: &ColumnSummary, rows: Option<u64>) -> String {
     };
     let low = column.distinct <= 30 || rows.is_some_and(|n| column.distinct * 20 <= n);
     format!("{base}-{}", if low { "low" } else { "high" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: &str, labels: &[&str]) -> ObjectSummary {
+        ObjectSummary {
+            name: name.to_string(),
+            kind: "DataFrame".to_string(),
+            columns: labels
+                .iter()
+                .map(|l| ColumnSummary {
+                    name: l.to_string(),
+                    label_is_str: true,
+                    ..ColumnSummary::default()
+                })
+                .collect(),
+            ..ObjectSummary::default()
+        }
+    }
+
+    #[test]
+    fn columns_rank_from_the_one_after_the_last_used_and_used_ones_last() {
+        let mut model = SessionModel::new();
+        let df = frame("df", &["a", "b", "c", "d"]);
+        let facts = |binds: &[&str]| CellFacts {
+            binds: binds.iter().map(|s| s.to_string()).collect(),
+            objects: vec![df.clone()],
+            ..CellFacts::default()
+        };
+        model.observe("df = load()", &facts(&["df"]), true);
+        model.observe("df['a'].sum()", &facts(&[]), true);
+        model.observe("df['c'].sum()", &facts(&[]), true);
+        let ranked: Vec<&str> = model
+            .ranked_columns("df")
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(ranked, ["d", "b", "c", "a"]);
+        assert!(model.has_columns("df", &["d".to_string(), "a".to_string()]));
+        assert!(!model.has_columns("df", &["e".to_string()]));
+        assert!(!model.has_columns("other", &["a".to_string()]));
+    }
 }

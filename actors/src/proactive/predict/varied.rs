@@ -98,13 +98,7 @@ impl SessionModel {
             .filter(|o| self.bound_at.get(*o).is_none_or(|&at| at <= past.seq))
             .take(OBJECTS);
         for other in others {
-            let columns = self.ranked_columns(other);
-            if !past
-                .template
-                .cols
-                .iter()
-                .all(|c| columns.iter().any(|col| &col.name == c))
-            {
+            if !self.has_columns(other, &past.template.cols) {
                 continue;
             }
             let vars = [other.clone()];
