@@ -149,7 +149,12 @@ impl SessionActor {
     /// Asks the worker whether `entry` is still what the running execution would answer;
     /// when nothing ran since its speculation forked and it read no file, the namespace is
     /// exactly what it read, and the worker is only told to count it.
-    pub(super) fn offer_cached(&mut self, entry: Arc<CacheEntry>, joined: bool, ctx: &mut Context<Self>) {
+    pub(super) fn offer_cached(
+        &mut self,
+        entry: Arc<CacheEntry>,
+        joined: bool,
+        ctx: &mut Context<Self>,
+    ) {
         let State::Busy(running) = &mut self.state else {
             return;
         };
