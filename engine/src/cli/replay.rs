@@ -3,7 +3,8 @@
 //! much proactive computation answered ahead of the request: the share of cells served from
 //! speculation, hit and miss latency, the CPU speculation used and the cache's peak size.
 //! With `--verify`, a twin session without proactive computation runs every cell too, and any
-//! answer that differs is listed: there must be none. Every session first seeds Python's and
+//! answer that differs is listed (object addresses, `0x7f...`, aside: they differ between any two
+//! processes): there must be none. Every session first seeds Python's and
 //! numpy's random generators alike (without binding a name), so that code that samples
 //! (`df.sample(5)`) answers the same in both.
 //!
