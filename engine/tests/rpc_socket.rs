@@ -637,11 +637,14 @@ async fn hinted_code_is_served_ahead_and_bad_hints_are_invalid_params() {
         .await;
     assert_eq!(real["from_cache"], false);
     let stats = conn.call("engine.stats", json!({})).await;
-    assert!(stats["proactive"]["hits"].as_u64().unwrap() >= 1, "{stats}");
+    // Served from the cache (a hit) or by waiting for the child computing it (a join).
+    let served =
+        |figures: &Value| figures["hits"].as_u64().unwrap() + figures["joins"].as_u64().unwrap();
+    assert!(served(&stats["proactive"]) >= 1, "{stats}");
     let info = conn
         .call("session.info", json!({"session_id": session}))
         .await;
-    assert!(info["proactive"]["hits"].as_u64().unwrap() >= 1, "{info}");
+    assert!(served(&info["proactive"]) >= 1, "{info}");
 
     let plain = create(&mut conn, json!({"proactive": false})).await;
     let hinted = conn
