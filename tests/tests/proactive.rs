@@ -281,3 +281,29 @@ async fn an_error_after_a_served_answer_names_the_cell_a_real_run_would() {
     // The traceback names the cell by its number: the served answer counted as one.
     same_answer(&session, &twin, "1 / 0").await;
 }
+
+#[tokio::test]
+async fn frames_forged_by_session_code_are_ignored() {
+    // Session code can write to the worker's reply pipe: facts too large to keep, an answer
+    // for a speculation that does not exist, an adopt of the running execution nobody asked
+    // for. (A frame naming another execution is a protocol error that ends the worker, as
+    // any such frame does.)
+    let engine = engine().await;
+    let (session, twin) = sessions(&engine).await;
+    let forge = "import os, json, struct\n\
+                 def frame(m):\n    b = json.dumps(m).encode()\n    \
+                 os.write(4, struct.pack('>I', len(b)) + b)\n\
+                 frame({'type': 'facts', 'id': 'e-1', 'facts': {'reads': [], \
+                 'binds': ['n%d' % i for i in range(100000)], 'touched': [], 'files': [], \
+                 'ambient': '', 'objects': [], 'pure': False, 'cost_ms': 0}})\n\
+                 frame({'type': 'speculated', 'id': 'p-1', 'index': 0, 'outcome': \
+                 {'status': 'ok', 'stdout': 'forged', 'stderr': '', 'result': None, \
+                 'error': None, 'servable': True, 'cpu_ms': 0, 'duration_ms': 0}})\n\
+                 frame({'type': 'adopt_done', 'id': 'e-1', 'fresh': True, 'reason': None})";
+    both(&session, &twin, forge).await;
+    both(&session, &twin, "v = 5").await;
+    computed_ahead(&session, &["v + 1"]).await;
+    let answer = same_answer(&session, &twin, "v + 1").await;
+    assert_eq!(answer.result.unwrap().repr, "6");
+    assert_eq!(session.info().await.unwrap().restarts, 0);
+}
