@@ -139,26 +139,46 @@ impl SessionModel {
             if other == name || !newer || already || self.kind(other) != kind {
                 continue;
             }
-            if !self.has_columns(other, &past.template.cols) {
-                continue;
-            }
-            let vars = [other.clone()];
-            let filling = Filling {
-                vars: &vars,
-                cols: &past.template.cols,
-                ..Filling::default()
-            };
-            if let Some(code) = instantiate(&past.template.key, &filling) {
-                out.push(HistoryGuess {
-                    code,
-                    template: past.template.key.clone(),
-                    cost_ms: self.default_cost(&vars),
-                    kind: GuessKind::Reapplied,
-                    age,
-                });
-            }
+            out.extend(self.on_object(past, other, GuessKind::Reapplied, age));
         }
         out
+    }
+
+    /// `past`'s template filled with `vars` and `cols`, as a guess of `kind`.
+    pub(super) fn refilled(
+        &self,
+        past: &Observed,
+        vars: &[String],
+        cols: &[String],
+        kind: GuessKind,
+        age: usize,
+    ) -> Option<HistoryGuess> {
+        let filling = Filling {
+            vars,
+            cols,
+            ..Filling::default()
+        };
+        Some(HistoryGuess {
+            code: instantiate(&past.template.key, &filling)?,
+            template: past.template.key.clone(),
+            cost_ms: self.default_cost(vars),
+            kind,
+            age,
+        })
+    }
+
+    /// `past`, a cell on one object, on `other` instead, when `other` has its columns.
+    pub(super) fn on_object(
+        &self,
+        past: &Observed,
+        other: &str,
+        kind: GuessKind,
+        age: usize,
+    ) -> Option<HistoryGuess> {
+        if !self.has_columns(other, &past.template.cols) {
+            return None;
+        }
+        self.refilled(past, &[other.to_owned()], &past.template.cols, kind, age)
     }
 }
 

@@ -6,7 +6,8 @@ use pyvisor_protocol::messages::{CellFacts, ColumnSummary, ObjectSummary};
 
 use super::{Learned, Prediction, SessionModel, Source, Table};
 
-fn column(name: &str, dtype: &str, distinct: u64) -> ColumnSummary {
+/// A string-labelled column without nulls.
+pub(super) fn column(name: &str, dtype: &str, distinct: u64) -> ColumnSummary {
     ColumnSummary {
         name: name.to_string(),
         label_is_str: true,
@@ -16,7 +17,8 @@ fn column(name: &str, dtype: &str, distinct: u64) -> ColumnSummary {
     }
 }
 
-fn frame(name: &str, columns: Vec<ColumnSummary>) -> ObjectSummary {
+/// A 1000-row DataFrame with a RangeIndex and `columns`.
+pub(super) fn frame(name: &str, columns: Vec<ColumnSummary>) -> ObjectSummary {
     ObjectSummary {
         name: name.to_string(),
         kind: "DataFrame".to_string(),

@@ -7,7 +7,6 @@
 
 use super::history::{GuessKind, HistoryGuess};
 use super::model::{column_class, Observed, SessionModel};
-use super::template::{instantiate, Filling};
 
 /// How many of the last cells are varied.
 const LAST_CELLS: usize = 1;
@@ -64,20 +63,8 @@ impl SessionModel {
             for column in choices {
                 let mut cols = past.template.cols.clone();
                 cols[slot] = column.name.clone();
-                let filling = Filling {
-                    vars: &past.template.vars,
-                    cols: &cols,
-                    ..Filling::default()
-                };
-                if let Some(code) = instantiate(&past.template.key, &filling) {
-                    out.push(HistoryGuess {
-                        code,
-                        template: past.template.key.clone(),
-                        cost_ms: self.default_cost(&past.template.vars),
-                        kind: GuessKind::OtherColumn,
-                        age,
-                    });
-                }
+                let vars = &past.template.vars;
+                out.extend(self.refilled(past, vars, &cols, GuessKind::OtherColumn, age));
             }
         }
         out
@@ -86,9 +73,8 @@ impl SessionModel {
     /// `past`, a cell on one object, applied to other recent objects of the same kind that
     /// have its columns (newer ones are the history's own re-application).
     fn other_objects(&self, past: &Observed, age: usize) -> Vec<HistoryGuess> {
-        let mut out = Vec::new();
         let [name] = past.template.vars.as_slice() else {
-            return out;
+            return Vec::new();
         };
         let kind = self.kind(name);
         let others = self
@@ -97,45 +83,18 @@ impl SessionModel {
             .filter(|o| *o != name && self.kind(o) == kind)
             .filter(|o| self.bound_at.get(*o).is_none_or(|&at| at <= past.seq))
             .take(OBJECTS);
-        for other in others {
-            if !self.has_columns(other, &past.template.cols) {
-                continue;
-            }
-            let vars = [other.clone()];
-            let filling = Filling {
-                vars: &vars,
-                cols: &past.template.cols,
-                ..Filling::default()
-            };
-            if let Some(code) = instantiate(&past.template.key, &filling) {
-                out.push(HistoryGuess {
-                    code,
-                    template: past.template.key.clone(),
-                    cost_ms: self.default_cost(&vars),
-                    kind: GuessKind::OtherObject,
-                    age,
-                });
-            }
-        }
-        out
+        others
+            .filter_map(|other| self.on_object(past, other, GuessKind::OtherObject, age))
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use pyvisor_protocol::messages::{CellFacts, ColumnSummary, ObjectSummary};
+    use pyvisor_protocol::messages::{CellFacts, ObjectSummary};
 
+    use super::super::scenarios::column;
     use super::*;
-
-    fn column(name: &str, dtype: &str, distinct: u64) -> ColumnSummary {
-        ColumnSummary {
-            name: name.to_string(),
-            label_is_str: true,
-            dtype: dtype.to_string(),
-            nulls: 0,
-            distinct,
-        }
-    }
 
     fn frame(name: &str) -> ObjectSummary {
         let columns = vec![
@@ -144,15 +103,7 @@ mod tests {
             column("doors", "int64", 4),
             column("price", "float64", 900),
         ];
-        ObjectSummary {
-            name: name.to_string(),
-            kind: "DataFrame".to_string(),
-            module: "pandas".to_string(),
-            len: Some(1000),
-            shape: vec![1000, 4],
-            columns,
-            index: Some("RangeIndex".to_string()),
-        }
+        super::super::scenarios::frame(name, columns)
     }
 
     fn run(model: &mut SessionModel, code: &str, binds: &[&str], objects: Vec<ObjectSummary>) {
