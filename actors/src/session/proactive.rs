@@ -57,7 +57,8 @@ pub(crate) struct Proactive {
     pub(super) stored: HashMap<String, ReadKey>,
     pub(super) flight: Option<InFlight>,
     pub(super) share: ProactiveStats,
-    pub(super) speculations: u64,
+    /// Speculations sent to the worker so far; numbers their ids.
+    pub(super) flights_sent: u64,
 }
 
 impl Proactive {
@@ -70,7 +71,7 @@ impl Proactive {
             stored: HashMap::new(),
             flight: None,
             share: ProactiveStats::default(),
-            speculations: 0,
+            flights_sent: 0,
         }
     }
 

@@ -29,8 +29,8 @@ pub(crate) enum ServePath {
     Real,
     /// It waits for snippet `index` of the speculation in flight.
     Joining { index: usize },
-    /// The session asked the cache for the answer.
-    Taking,
+    /// The session asked the cache for the answer to code of normal form `normal`.
+    Taking { normal: String },
     /// The worker checks that `entry` is still what a run would answer.
     Adopting {
         entry: Arc<CacheEntry>,
@@ -62,7 +62,7 @@ impl SessionActor {
             }
         }
         match proactive.stored.get(&normal) {
-            Some(key) if proactive.versions.holds(key) => ServePath::Taking,
+            Some(key) if proactive.versions.holds(key) => ServePath::Taking { normal },
             _ => ServePath::Real,
         }
     }
@@ -72,7 +72,7 @@ impl SessionActor {
         match path {
             ServePath::Real => self.run_for_real(ctx),
             ServePath::Joining { index } => self.set_path(ServePath::Joining { index }),
-            ServePath::Taking => self.take_cached(ctx),
+            ServePath::Taking { normal } => self.take_cached(normal, ctx),
             ServePath::Adopting { entry, joined } => self.offer_cached(entry, joined, ctx),
         }
     }
@@ -112,13 +112,12 @@ impl SessionActor {
         }
     }
 
-    fn take_cached(&mut self, ctx: &mut Context<Self>) {
+    fn take_cached(&mut self, normal: String, ctx: &mut Context<Self>) {
         let (Some(proactive), State::Busy(running)) = (&self.proactive, &mut self.state) else {
             return self.run_for_real(ctx);
         };
-        running.path = ServePath::Taking;
-        let Some(normal) = normalise(&running.request.code) else {
-            return self.run_for_real(ctx);
+        running.path = ServePath::Taking {
+            normal: normal.clone(),
         };
         let execution_id = running.ticket.execution_id.clone();
         let take = proactive.setup.cache.send(Take {
@@ -130,7 +129,7 @@ impl SessionActor {
                 return;
             };
             if running.ticket.execution_id != execution_id
-                || !matches!(running.path, ServePath::Taking)
+                || !matches!(running.path, ServePath::Taking { .. })
             {
                 return;
             }

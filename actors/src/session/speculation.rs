@@ -198,8 +198,8 @@ impl Handler<Speculate> for SessionActor {
         if snippets.is_empty() {
             return false;
         }
-        proactive.speculations += 1;
-        let id = format!("p-{}", proactive.speculations);
+        proactive.flights_sent += 1;
+        let id = format!("p-{}", proactive.flights_sent);
         let frame = HostMessage::Speculate {
             id: id.clone(),
             snippets: snippets.iter().map(|s| s.code.clone()).collect(),
