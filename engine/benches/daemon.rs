@@ -77,7 +77,7 @@ fn main() {
 
     let http_port = free_port();
     let http = ["--http".to_owned(), format!("127.0.0.1:{http_port}")];
-    let _daemon = start_daemon(home.path(), &http);
+    let _daemon = start_daemon(home.path(), &http, &[]);
     let socket = home.path().join("pyvisor.sock");
     let unix = runtime.block_on(socket_figures(&socket, rounds, window));
     print_latency("Unix socket, Rust client", &unix.0, Some(&embedded.0));

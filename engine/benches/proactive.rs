@@ -24,6 +24,8 @@ use pyvisor::{
     Engine, EngineConfig, ExecuteRequest, ProactiveConfig, Session, SessionOptions, StateConfig,
 };
 
+use pyvisor_actors::proactive::predict::normalise;
+
 mod common;
 mod daemon_process;
 
@@ -61,8 +63,11 @@ fn main() {
         .build()
         .expect("build the runtime");
     runtime.block_on(embedded(home.path(), rounds));
-    std::env::set_var("PYVISOR_PROACTIVE__YIELD_TO_LOAD", "false");
-    let _daemon = start_daemon(home.path(), &[]);
+    let _daemon = start_daemon(
+        home.path(),
+        &[],
+        &[("PYVISOR_PROACTIVE__YIELD_TO_LOAD", "false")],
+    );
     runtime.block_on(socket(&home.path().join("pyvisor.sock"), rounds));
 }
 
@@ -136,14 +141,8 @@ async fn session(engine: &Engine, proactive: bool) -> Session {
 async fn computed_ahead(session: &Session) {
     session.hint(vec![ASKED.to_owned()]).await.expect("hint");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !session
-        .info()
-        .await
-        .expect("info")
-        .ahead
-        .iter()
-        .any(|a| a.contains("describe"))
-    {
+    let asked = normalise(ASKED).expect("the inspection tokenizes");
+    while !session.info().await.expect("info").ahead.contains(&asked) {
         if Instant::now() > deadline {
             let info = session.info().await.expect("info");
             panic!(

@@ -17,8 +17,9 @@ impl Drop for DaemonGuard {
     }
 }
 
-/// `pyvisor serve` on `home/pyvisor.sock` with `args` besides, its state and cache in `home`.
-pub fn start_daemon(home: &Path, args: &[String]) -> DaemonGuard {
+/// `pyvisor serve` on `home/pyvisor.sock` with `args` and the environment variables `env`
+/// besides, its state and cache in `home`.
+pub fn start_daemon(home: &Path, args: &[String], env: &[(&str, &str)]) -> DaemonGuard {
     let child = Command::new(env!("CARGO_BIN_EXE_pyvisor"))
         .args(["serve", "--socket"])
         .arg(home.join("pyvisor.sock"))
@@ -28,6 +29,7 @@ pub fn start_daemon(home: &Path, args: &[String]) -> DaemonGuard {
         .env("XDG_CONFIG_HOME", home.join("config"))
         .env("PYVISOR_STATE__DIR", home.join("daemon-state"))
         .env("PYVISOR_ENGINE__CACHE_DIR", home.join("cache"))
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
