@@ -12,6 +12,12 @@ exception's class name, str() and traceback.format_exception() lines without the
 frames; SystemExit and KeyboardInterrupt are errors like the others, and the worker goes on
 serving. The error type "WorkerError" marks a fault of the worker itself.
 
+Warnings: each execution starts with every warning registry emptied, so a warning is printed
+once per place in each execution that raises it, whatever ran before (Python's default would
+print it once per line number and module for the life of the process, and any
+``warnings.catch_warnings()`` inside a library would silently bring it back). The same holds
+for a speculative run in a forked child, so its answer is the one a real run would give.
+
 Interrupts: the host sends an interrupt naming the execution, not a signal, so that an
 interrupt sent as soon as the execute request is written is not lost while the execution waits
 for the main thread, and a late one never reaches the next execution. When that execution runs
@@ -33,6 +39,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 from pyvisor_worker import cells, changes, display, facts, protocol, quiet, state
 
@@ -198,6 +205,7 @@ def next_number():
 def run_cell(cell, repr_limit):
     """Run `cell`; describe the value of a final expression statement, if any."""
     code, filename, namespace = cell.code, cell.filename, state.namespace
+    forget_shown_warnings()
     if not cell.parsed:  # Watch.before_run() parses every cell that may end with an expression
         exec(compile(code, filename, "exec", dont_inherit=True), namespace)
         return None
@@ -217,6 +225,14 @@ def run_cell(cell, repr_limit):
     if isinstance(html, str):
         described["html"] = html
     return described
+
+
+def forget_shown_warnings():
+    """Empty every ``__warningregistry__``: any change of the filters does, so add one and put
+    the list back as it was."""
+    saved = warnings.filters[:]
+    warnings.simplefilter("default", append=True)
+    warnings.filters[:] = saved
 
 
 def clip(text, limit):

@@ -173,3 +173,20 @@ async fn input_for_an_execution_not_waiting_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("no input() is pending"), "{err}");
 }
+
+#[tokio::test]
+async fn a_warning_is_shown_in_every_execution_that_raises_it() {
+    let (_engine, session) = session().await;
+    let warn = "import warnings\nwarnings.warn('careful')";
+    for _ in 0..2 {
+        let result = run(&session, warn).await;
+        assert!(result.stderr.contains("UserWarning: careful"), "{result:?}");
+    }
+    // Twice in one execution, from one place: once, as Python prints it.
+    let twice = run(&session, "for _ in range(2): warnings.warn('again')").await;
+    assert_eq!(
+        twice.stderr.matches("UserWarning: again").count(),
+        1,
+        "{twice:?}"
+    );
+}
