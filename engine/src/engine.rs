@@ -6,6 +6,7 @@
 //! dropped, the thread ends every worker, stops the system, and is joined.
 
 use std::num::NonZeroUsize;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, ThreadId};
@@ -35,6 +36,7 @@ use crate::config::{EngineConfig, StateConfig};
 use crate::errors::EngineError;
 use crate::scratch::Scratch;
 use crate::session::Session;
+use crate::state_lock::StateDirLock;
 
 /// A running pyvisor engine. Cheap to clone; the last clone dropped stops it.
 #[derive(Clone)]
@@ -202,8 +204,10 @@ fn run_system(
     ready: oneshot::Sender<Result<(Addr<Supervisor>, PathBuf), EngineError>>,
     shutdown: oneshot::Receiver<()>,
 ) {
-    // The scratch directory lives as long as this thread, so it outlives every worker.
-    let (supervisor_config, worker_package, _scratch) = match supervisor_config(&config, counters) {
+    // The state dir's lock and scratch directory live as long as this thread, so they
+    // outlive every worker.
+    let (supervisor_config, worker_package, _state_dir) = match supervisor_config(&config, counters)
+    {
         Ok(c) => c,
         Err(err) => {
             let _ = ready.send(Err(err));
@@ -236,13 +240,13 @@ fn run_system(
 fn supervisor_config(
     config: &EngineConfig,
     (counters, proactive): (Arc<EngineCounters>, Arc<ProactiveCounters>),
-) -> Result<(SupervisorConfig, PathBuf, Option<Scratch>), EngineError> {
+) -> Result<(SupervisorConfig, PathBuf, Option<HeldStateDir>), EngineError> {
     let python = resolve_interpreter(&config.python)?;
     let package = install_worker_package(&config.cache_dir())?;
     compile_worker_package(&python, &package);
     let janitor = Arc::new(Janitor::start(&python)?);
     let zygote = start_zygote(config, &python, &package, &janitor);
-    let (state, scratch) = open_state(&config.state)?.unzip();
+    let (state, held_state_dir) = open_state(&config.state)?.unzip();
     let supervisor = SupervisorConfig {
         worker: WorkerSpec {
             python,
@@ -281,11 +285,18 @@ fn supervisor_config(
             counters: proactive,
         },
     };
-    Ok((supervisor, package, scratch))
+    Ok((supervisor, package, held_state_dir))
 }
 
-/// Opens the checkpoint store and this engine's scratch directory (blocking).
-fn open_state(config: &StateConfig) -> Result<Option<(StateOptions, Scratch)>, EngineError> {
+/// What an engine holds of its state directory for its whole life.
+struct HeldStateDir {
+    _lock: StateDirLock,
+    _scratch: Scratch,
+}
+
+/// Locks the state directory, opens the checkpoint store and this engine's scratch directory
+/// (blocking).
+fn open_state(config: &StateConfig) -> Result<Option<(StateOptions, HeldStateDir)>, EngineError> {
     if !config.enabled {
         return Ok(None);
     }
@@ -302,6 +313,12 @@ fn open_state(config: &StateConfig) -> Result<Option<(StateOptions, Scratch)>, E
     }
     store_config.session_disk_bytes = config.session_disk_bytes;
     store_config.total_disk_bytes = config.total_disk_bytes;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| fail("create the state directory", &e))?;
+    let lock = StateDirLock::acquire(&dir).map_err(EngineError::Start)?;
     let store =
         CheckpointStore::open(store_config).map_err(|e| fail("open the checkpoint store", &e))?;
     let scratch = Scratch::create(&dir).map_err(|e| fail("create the scratch directory", &e))?;
@@ -311,7 +328,11 @@ fn open_state(config: &StateConfig) -> Result<Option<(StateOptions, Scratch)>, E
         scratch: scratch.path().to_owned(),
         max_bytes: config.max_bytes,
     };
-    Ok(Some((options, scratch)))
+    let held = HeldStateDir {
+        _lock: lock,
+        _scratch: scratch,
+    };
+    Ok(Some((options, held)))
 }
 
 /// The zygote of `config`, if it asks for one and one starts; plain spawns otherwise.

@@ -24,6 +24,7 @@ pub mod rpc;
 mod scratch;
 pub mod server;
 mod session;
+mod state_lock;
 
 pub use config::{EngineConfig, ProactiveConfig, StateConfig};
 pub use engine::{Engine, EngineStats};

@@ -336,3 +336,28 @@ async fn info_lists_variables_and_the_source_of_session_definitions() {
     assert!(double.source.contains("return 2 * n"));
     assert!(namespace.rss_bytes.unwrap_or(0) > 0);
 }
+
+#[tokio::test]
+async fn a_second_engine_on_the_same_state_dir_refuses_to_start_and_names_the_holder() {
+    let dir = state_dir();
+    let first = engine_in(&dir).await;
+    let refusal = Engine::start(EngineConfig {
+        state: StateConfig {
+            dir: Some(dir.clone()),
+            ..manual_checkpoints()
+        },
+        ..EngineConfig::default()
+    })
+    .await
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(
+        refusal.contains("in use by another pyvisor engine")
+            && refusal.contains(&format!("pid {}", std::process::id())),
+        "{refusal}"
+    );
+    // The first engine is untouched and serves on.
+    let session = first.create_session(named("still")).await.unwrap();
+    assert_eq!(repr(&session, "6 * 7").await, "42");
+}
