@@ -34,6 +34,7 @@ use crate::worker::{Worker, WorkerEvent, WorkerSpec};
 mod durability;
 mod events;
 mod handlers;
+mod idle;
 mod messages;
 mod proactive;
 mod serving;
@@ -104,6 +105,8 @@ pub struct SessionSetup {
     pub proactive: Option<ProactiveSetup>,
     /// Where the session keeps checkpoints; none are kept when `None`.
     pub state: Option<StateSetup>,
+    /// Checkpoint and close the session after this long without activity; never when `None`.
+    pub idle_timeout: Option<Duration>,
 }
 
 /// The actor owning one session and its worker.
@@ -130,6 +133,7 @@ pub struct SessionActor {
     keep_state: bool,
     proactive: Option<proactive::Proactive>,
     events: Subscribers,
+    idleness: idle::Idleness,
 }
 
 /// An execution waiting for the worker.
@@ -163,6 +167,7 @@ impl SessionActor {
             keep_state: false,
             proactive,
             events,
+            idleness: idle::Idleness::default(),
         }
     }
 
@@ -372,6 +377,7 @@ impl SessionActor {
         error: Option<ErrorInfo>,
         ctx: &mut Context<Self>,
     ) {
+        self.idleness.touch();
         let State::Busy(mut running) = std::mem::replace(&mut self.state, State::Idle) else {
             return;
         };
@@ -526,6 +532,7 @@ impl Actor for SessionActor {
             (Some(worker), _) => self.adopt(worker, ctx),
             (None, _) => self.replace_worker(ctx),
         }
+        self.watch_idleness(ctx);
         self.publish_phase();
     }
 

@@ -34,7 +34,7 @@ mod messages;
 mod registry;
 
 pub use messages::{
-    CreateSession, FindSession, GetStats, Interpreter, ListSessions, ProactiveOptions,
+    CreateSession, FindSession, GetStats, Interpreter, ListSessions, ProactiveOptions, Quotas,
     SessionHandle, SessionOptions, StateOptions, StopAll, SupervisorConfig, SupervisorStats,
 };
 use registry::Registry;
@@ -49,12 +49,46 @@ pub struct Supervisor {
     registry: Registry,
     /// Names whose session is being created, with the creates that wait to attach to it.
     creating: HashMap<String, Vec<oneshot::Sender<()>>>,
+    /// Sessions being created, per owner: they count against the owner's quota already.
+    creating_for: HashMap<String, usize>,
     id_prefix: String,
     created: u64,
     stopping: bool,
 }
 
 impl Supervisor {
+    /// Counts a session being created for `owner` against its quota, or refuses it.
+    fn count_against_quota(&mut self, owner: Option<&str>) -> Result<(), SupervisorError> {
+        let (Some(owner), Some(limit)) = (owner, self.config.quotas.max_sessions_per_owner) else {
+            return Ok(());
+        };
+        let live = self
+            .registry
+            .handles()
+            .filter(|handle| handle.owner.as_deref() == Some(owner))
+            .count();
+        let creating = self.creating_for.entry(owner.to_owned()).or_default();
+        if live + *creating >= limit {
+            return Err(SupervisorError::TooManySessions {
+                owner: owner.to_owned(),
+                limit,
+            });
+        }
+        *creating += 1;
+        Ok(())
+    }
+
+    /// A create for `owner` is over: the session is in the registry now, or failed.
+    fn created_for(&mut self, owner: Option<&str>) {
+        let Some(owner) = owner else { return };
+        if let Some(creating) = self.creating_for.get_mut(owner) {
+            *creating = creating.saturating_sub(1);
+            if *creating == 0 {
+                self.creating_for.remove(owner);
+            }
+        }
+    }
+
     /// A supervisor with its own arbiter threads; the pool starts with the actor.
     pub fn new(config: SupervisorConfig) -> Self {
         let arbiters = (0..config.arbiters.max(1))
@@ -67,6 +101,7 @@ impl Supervisor {
             proactive: None,
             registry: Registry::default(),
             creating: HashMap::new(),
+            creating_for: HashMap::new(),
             id_prefix: session_id_prefix(),
             created: 0,
             stopping: false,
@@ -159,6 +194,7 @@ impl Supervisor {
             spec,
             max_frame: self.config.worker.max_frame,
             limits: options.limits.unwrap_or_else(|| self.config.limits.clone()),
+            idle_timeout: self.config.quotas.idle_timeout,
             pool: self.pool().clone(),
             counters: self.config.counters.clone(),
             events: Subscribers::new(subscribers),
@@ -286,6 +322,14 @@ impl Handler<CreateSession> for Supervisor {
             }
             self.creating.insert(name, Vec::new());
         }
+        if let Err(err) = self.count_against_quota(options.owner.as_deref()) {
+            if let Some(name) = &options.name {
+                for waiting in self.creating.remove(name).unwrap_or_default() {
+                    let _ = waiting.send(());
+                }
+            }
+            return Box::pin(fut::ready(Err(err)));
+        }
         let spec = self.custom_spec(&options);
         let acquire = self.pool().send(Acquire {
             spec: spec.clone(),
@@ -300,6 +344,7 @@ impl Handler<CreateSession> for Supervisor {
             looked_up
                 .into_actor(self)
                 .map(move |(outcome, on_disk), act, ctx| {
+                    act.created_for(options.owner.as_deref());
                     if let Some(name) = &options.name {
                         for waiting in act.creating.remove(name).unwrap_or_default() {
                             let _ = waiting.send(());

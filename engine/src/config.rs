@@ -4,6 +4,7 @@
 mod file;
 mod resolve;
 
+pub use file::LimitCeilings;
 pub use resolve::http_addr;
 
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use pyvisor_actors::checkpoint::{
 };
 use pyvisor_actors::pool::PoolConfig;
 use pyvisor_actors::session::AutoCheckpoint;
+use pyvisor_actors::supervisor::Quotas;
 use pyvisor_actors::SessionLimits;
 use pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES;
 
@@ -51,6 +53,8 @@ pub struct EngineConfig {
     pub state: StateConfig,
     /// Computing ahead of sessions' requests while they are idle.
     pub proactive: ProactiveConfig,
+    /// Sessions per owner, and when an unused session is checkpointed and closed.
+    pub quotas: Quotas,
 }
 
 /// Proactive computation: predicting each idle session's next code, running it in a fork of
@@ -132,6 +136,7 @@ impl Default for EngineConfig {
             use_cgroups: true,
             state: StateConfig::default(),
             proactive: ProactiveConfig::default(),
+            quotas: Quotas::default(),
         }
     }
 }

@@ -284,6 +284,7 @@ fn supervisor_config(
             },
             counters: proactive,
         },
+        quotas: config.quotas,
     };
     Ok((supervisor, package, held_state_dir))
 }

@@ -37,7 +37,7 @@ pub use pyvisor_actors::session::{
     AutoCheckpoint, CheckpointSummary, DurabilityReport, Inspection, RestoreSummary, SessionPhase,
     SessionSnapshot,
 };
-pub use pyvisor_actors::supervisor::{Interpreter, SessionOptions};
+pub use pyvisor_actors::supervisor::{Interpreter, Quotas, SessionOptions};
 pub use pyvisor_actors::{
     DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
     OutputStream, PoolError, Recovered, ResultValue, SessionError, SessionLimits, SupervisorError,

@@ -4,11 +4,13 @@
 mod dispatch;
 pub mod errors;
 pub mod framing;
+mod limits;
 mod message;
 mod outbound;
 pub mod wire;
 
 pub use dispatch::Dispatcher;
 pub use errors::{code, RpcError};
+pub use limits::LimitPolicy;
 pub use message::{error_text, oversized, respond};
 pub use outbound::{Outbound, OutboundQueue, OUTBOUND_CAPACITY};

@@ -11,7 +11,8 @@ use pyvisor_actors::checkpoint::{CheckpointId, CheckpointInfo};
 use pyvisor_actors::proactive::predictor::Hint;
 use pyvisor_actors::session::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Execute, ExecutionTicket, GetInfo,
-    Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary, SendInput, SessionSnapshot,
+    Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary, SendInput, SessionPhase,
+    SessionSnapshot,
 };
 use pyvisor_actors::supervisor::SessionHandle;
 use pyvisor_actors::{ExecuteRequest, ExecutionEvent, ExecutionResult, SessionError};
@@ -165,9 +166,17 @@ impl Session {
         self.handle.predictor.is_some()
     }
 
-    /// A snapshot of the session's state.
+    /// A snapshot of the session's state; a closed session (closed by anyone, or for being
+    /// idle) answers [`SessionError::Closed`], as it does to everything else.
     pub async fn info(&self) -> Result<SessionSnapshot, EngineError> {
-        Ok(self.handle.addr.send(GetInfo).await?)
+        let snapshot = self.handle.addr.send(GetInfo).await?;
+        if snapshot.phase == SessionPhase::Closed {
+            return Err(SessionError::Closed {
+                session_id: snapshot.session_id,
+            }
+            .into());
+        }
+        Ok(snapshot)
     }
 
     /// Whether the session came back from checkpoints an earlier engine left on disk.

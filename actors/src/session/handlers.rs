@@ -31,6 +31,7 @@ impl Handler<Execute> for SessionActor {
         if let State::Failed = self.state {
             self.replace_worker(ctx);
         }
+        self.idleness.touch();
         self.execution_count += 1;
         let ticket = ExecutionTicket {
             execution_id: format!("e-{}", self.execution_count),

@@ -33,6 +33,18 @@ pub struct SupervisorConfig {
     pub state: Option<StateOptions>,
     /// Proactive computation (prediction, speculation, the cache).
     pub proactive: ProactiveOptions,
+    /// What one owner may hold, and when an unused session is closed.
+    pub quotas: Quotas,
+}
+
+/// Bounds on what sessions hold over time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quotas {
+    /// Live sessions one owner may have at once (sessions without an owner are not counted);
+    /// unbounded when `None`.
+    pub max_sessions_per_owner: Option<usize>,
+    /// Checkpoint and close a session after this long without activity; never when `None`.
+    pub idle_timeout: Option<Duration>,
 }
 
 /// How the engine computes ahead of its sessions' requests.

@@ -64,6 +64,7 @@ pub async fn run(args: ServeArgs) -> u8 {
             addr,
             token: settings.token().map(str::to_owned),
         }),
+        limit_ceilings: settings.limits.max.clone(),
     };
     // SIGHUP reads the file found at start again (or searches again if there was none).
     let config = args.config.or(loaded.source);
@@ -73,7 +74,7 @@ pub async fn run(args: ServeArgs) -> u8 {
             .settings;
         Ok(Reload {
             pool: settings.pool_config(),
-            limits: settings.limits(),
+            limits: settings.limit_policy(),
         })
     });
     match server::serve(options, reload).await {

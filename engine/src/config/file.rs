@@ -20,14 +20,15 @@ use pyvisor_actors::checkpoint::{
 };
 use pyvisor_actors::pool::PoolConfig;
 use pyvisor_actors::session::AutoCheckpoint;
-use pyvisor_actors::SessionLimits;
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
 use super::EngineConfig;
 use crate::errors::ConfigError;
 
+mod limits;
 mod proactive;
+pub use limits::{LimitCeilings, LimitSettings};
 pub use proactive::ProactiveSettings;
 
 /// The variable that names a config file, second in the search order.
@@ -157,48 +158,6 @@ impl Default for PoolSettings {
             max_total: pool.max_total,
             idle_ttl_s: pool.idle_ttl.as_secs_f64(),
             acquire_timeout_s: pool.acquire_timeout.as_secs_f64(),
-        }
-    }
-}
-
-/// `[limits]`: the default limits of every session (see [`SessionLimits`]); 0 means none for
-/// `memory_mb`, `cpu_s`, `open_files` and `processes`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LimitSettings {
-    /// Memory of the worker and its children, in MiB.
-    pub memory_mb: u64,
-    /// Wall-clock limit of one execution, in seconds.
-    pub timeout_s: f64,
-    /// CPU seconds over the worker's lifetime.
-    pub cpu_s: u64,
-    /// Open file descriptors of the worker.
-    pub open_files: u64,
-    /// Processes and threads of the session.
-    pub processes: u64,
-    /// Bytes of stdout+stderr kept per execution.
-    pub output_bytes: usize,
-    /// Longest repr of a final expression returned.
-    pub result_repr_bytes: usize,
-    /// How long `input()` waits for an answer, in seconds.
-    pub input_timeout_s: f64,
-    /// How long interrupted code may take to stop before the worker is killed, in seconds.
-    pub interrupt_grace_s: f64,
-}
-
-impl Default for LimitSettings {
-    fn default() -> Self {
-        let limits = SessionLimits::default();
-        Self {
-            memory_mb: limits.memory_mb.unwrap_or(0),
-            timeout_s: limits.timeout.as_secs_f64(),
-            cpu_s: limits.cpu_s.unwrap_or(0),
-            open_files: limits.open_files.unwrap_or(0),
-            processes: limits.processes.unwrap_or(0),
-            output_bytes: limits.output_bytes,
-            result_repr_bytes: limits.result_repr_bytes,
-            input_timeout_s: limits.input_timeout.as_secs_f64(),
-            interrupt_grace_s: limits.interrupt_grace.as_secs_f64(),
         }
     }
 }
@@ -423,9 +382,7 @@ impl Settings {
         at_least("pool.max_total", pool.max_total, 1)?;
         seconds("pool.idle_ttl_s", pool.idle_ttl_s, false)?;
         seconds("pool.acquire_timeout_s", pool.acquire_timeout_s, false)?;
-        seconds("limits.timeout_s", limits.timeout_s, false)?;
-        seconds("limits.input_timeout_s", limits.input_timeout_s, false)?;
-        seconds("limits.interrupt_grace_s", limits.interrupt_grace_s, true)?;
+        limits.validate()?;
         at_least("state.retention", state.retention, 1)?;
         at_least("state.session_disk_mb", state.session_disk_mb as usize, 1)?;
         at_least("state.total_disk_mb", state.total_disk_mb as usize, 1)?;

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use pyvisor_actors::pool::PoolConfig;
 use pyvisor_actors::session::AutoCheckpoint;
+use pyvisor_actors::supervisor::Quotas;
 use pyvisor_actors::SessionLimits;
 
 use super::file::Settings;
 use super::{EngineConfig, StateConfig};
+use crate::rpc::LimitPolicy;
 
 impl Settings {
     /// The Unix socket: `server.socket`, else `$XDG_RUNTIME_DIR/pyvisor/pyvisor.sock`, else
@@ -102,6 +104,25 @@ impl Settings {
         }
     }
 
+    /// The default limits of every session, under the ceilings clients may ask up to.
+    pub fn limit_policy(&self) -> LimitPolicy {
+        LimitPolicy {
+            defaults: self.limits(),
+            ceilings: self.limits.max.clone(),
+        }
+    }
+
+    /// What one owner may hold, and when an idle session is closed.
+    pub fn quotas(&self) -> Quotas {
+        let limits = &self.limits;
+        Quotas {
+            max_sessions_per_owner: Some(limits.max_sessions_per_owner).filter(|&n| n > 0),
+            idle_timeout: Some(limits.idle_timeout_s)
+                .filter(|&s| s > 0.0)
+                .map(duration),
+        }
+    }
+
     /// The configuration of the daemon's engine.
     pub fn engine_config(&self) -> EngineConfig {
         let defaults = EngineConfig::default();
@@ -114,6 +135,7 @@ impl Settings {
             preload: engine.preload.clone(),
             zygote: engine.zygote,
             limits: self.limits(),
+            quotas: self.quotas(),
             cache_dir: dir(&engine.cache_dir),
             handshake_timeout: duration(engine.handshake_timeout_s),
             arbiters: match engine.arbiters {

@@ -6,17 +6,17 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::StreamExt;
 use pyvisor_actors::session::SessionPhase;
-use pyvisor_actors::SessionLimits;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::errors::RpcError;
+use super::limits::LimitPolicy;
 use super::outbound::Outbound;
 use super::wire::{self, method, notification};
 use crate::{
@@ -26,9 +26,9 @@ use crate::{
 /// Serves JSON-RPC method calls against one engine. Shared by every connection.
 pub struct Dispatcher {
     engine: Engine,
-    /// Limits of a session that asks for none; the base of the ones that ask for some.
-    /// Replaced when the daemon reloads its settings.
-    default_limits: RwLock<SessionLimits>,
+    /// Limits of a session that asks for none, the base of the ones that ask for some, and
+    /// the ceilings of what they may ask for. Replaced when the daemon reloads its settings.
+    limits: RwLock<LimitPolicy>,
     started: Instant,
     stopping: AtomicBool,
     /// Sessions looked up before, by the id or name the client used: saves the
@@ -37,11 +37,11 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// A dispatcher over `engine`, whose sessions default to `default_limits`.
-    pub fn new(engine: Engine, default_limits: SessionLimits) -> Arc<Self> {
+    /// A dispatcher over `engine`, whose sessions get their limits from `limits`.
+    pub fn new(engine: Engine, limits: impl Into<LimitPolicy>) -> Arc<Self> {
         Arc::new(Self {
             engine,
-            default_limits: RwLock::new(default_limits),
+            limits: RwLock::new(limits.into()),
             started: Instant::now(),
             stopping: AtomicBool::new(false),
             sessions: Mutex::new(HashMap::new()),
@@ -54,11 +54,12 @@ impl Dispatcher {
     }
 
     /// Limits for sessions created from now on (a reload); live sessions keep theirs.
-    pub fn set_default_limits(&self, limits: SessionLimits) {
-        *self
-            .default_limits
-            .write()
-            .expect("limits lock is never poisoned") = limits;
+    pub fn set_limits(&self, limits: LimitPolicy) {
+        *self.limits.write().expect("limits lock is never poisoned") = limits;
+    }
+
+    fn limit_policy(&self) -> std::sync::RwLockReadGuard<'_, LimitPolicy> {
+        self.limits.read().expect("limits lock is never poisoned")
     }
 
     /// Marks the server as stopping: `engine.health` says so from now on.
@@ -120,7 +121,10 @@ impl Dispatcher {
                 )));
             }
         }
-        let limits = Some(self.limits(params.limits.unwrap_or_default())?);
+        let limits = Some(
+            self.limit_policy()
+                .session_limits(&params.limits.unwrap_or_default())?,
+        );
         let options = SessionOptions {
             name: params.name,
             owner: params.owner,
@@ -151,34 +155,6 @@ impl Dispatcher {
         Ok(created)
     }
 
-    /// The current default limits with `params` applied.
-    fn limits(&self, params: wire::LimitParams) -> Result<SessionLimits, RpcError> {
-        let mut limits = self
-            .default_limits
-            .read()
-            .expect("limits lock is never poisoned")
-            .clone();
-        if let Some(memory_mb) = params.memory_mb {
-            limits.memory_mb = Some(memory_mb);
-        }
-        if let Some(cpu_s) = params.cpu_s {
-            limits.cpu_s = Some(cpu_s);
-        }
-        if let Some(open_files) = params.open_files {
-            limits.open_files = Some(open_files);
-        }
-        if let Some(processes) = params.processes {
-            limits.processes = Some(processes);
-        }
-        if let Some(timeout_s) = params.timeout_s {
-            limits.timeout = seconds("limits.timeout_s", timeout_s)?;
-        }
-        if let Some(output_bytes) = params.output_bytes {
-            limits.output_bytes = output_bytes;
-        }
-        Ok(limits)
-    }
-
     async fn execute(
         &self,
         params: wire::ExecuteParams,
@@ -186,7 +162,7 @@ impl Dispatcher {
     ) -> Result<wire::ExecutionResult, RpcError> {
         let mut request = ExecuteRequest::new(params.code);
         if let Some(timeout_s) = params.timeout_s {
-            request.timeout = Some(seconds("timeout_s", timeout_s)?);
+            request.timeout = Some(self.limit_policy().timeout("timeout_s", timeout_s)?);
         }
         if let Some(transaction) = params.transaction {
             request.transaction = transaction;
@@ -478,15 +454,6 @@ fn phase_name(phase: SessionPhase) -> &'static str {
 }
 
 /// A duration from a number of seconds in a request; `field` names it in the error.
-fn seconds(field: &str, value: f64) -> Result<Duration, RpcError> {
-    match Duration::try_from_secs_f64(value) {
-        Ok(duration) if value > 0.0 => Ok(duration),
-        _ => Err(RpcError::invalid_params(format!(
-            "{field}: expected a positive number of seconds, got {value}"
-        ))),
-    }
-}
-
 fn decode<T: DeserializeOwned>(params: Option<Value>) -> Result<T, RpcError> {
     let params = params.unwrap_or(Value::Null);
     if !params.is_object() {

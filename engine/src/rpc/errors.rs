@@ -125,6 +125,7 @@ fn supervisor_code(err: &SupervisorError) -> i64 {
         SupervisorError::Pool(_) => code::ENGINE_ERROR,
         SupervisorError::UnknownSession { .. } => code::UNKNOWN_SESSION,
         SupervisorError::NameTaken { .. } => code::UNAUTHORIZED,
+        SupervisorError::TooManySessions { .. } => code::LIMIT_EXCEEDED,
         _ => code::ENGINE_ERROR,
     }
 }

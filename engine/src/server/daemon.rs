@@ -17,9 +17,10 @@ use super::http::{install_prometheus, HttpOptions, HttpServer};
 use super::stdio::serve_stdio;
 use super::systemd;
 use super::unix::UnixServer;
+use crate::config::LimitCeilings;
 use crate::errors::ServeError;
-use crate::rpc::Dispatcher;
-use crate::{Engine, EngineConfig, PoolConfig, SessionLimits};
+use crate::rpc::{Dispatcher, LimitPolicy};
+use crate::{Engine, EngineConfig, PoolConfig};
 
 /// How long `serve` waits for the pool to warm before it reports ready anyway.
 const WARM_WAIT: Duration = Duration::from_secs(60);
@@ -46,6 +47,8 @@ pub struct ServeOptions {
     pub watchdog: bool,
     /// Also serve HTTP (SPEC.md §3).
     pub http: Option<HttpListen>,
+    /// The most a client may ask for in a session's limits (`[limits.max]`).
+    pub limit_ceilings: LimitCeilings,
 }
 
 /// Where and how the HTTP API is served.
@@ -60,7 +63,7 @@ pub struct HttpListen {
 #[derive(Debug, Clone)]
 pub struct Reload {
     pub pool: PoolConfig,
-    pub limits: SessionLimits,
+    pub limits: LimitPolicy,
 }
 
 /// Reads the settings again for a SIGHUP; the error says why they are unusable.
@@ -73,7 +76,10 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
     let mut interrupt = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
     let mut hangup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let min_idle = options.engine.pool.min_idle;
-    let limits = options.engine.limits.clone();
+    let limits = LimitPolicy {
+        defaults: options.engine.limits.clone(),
+        ceilings: options.limit_ceilings.clone(),
+    };
     // Bind before starting workers, so a second daemon fails fast and starts nothing.
     let listener = match &options.listen {
         Listen::Socket(path) => Some(UnixServer::bind(path).await?),
@@ -241,7 +247,7 @@ async fn apply_reload(engine: &Engine, dispatcher: &Dispatcher, reload: &Reloade
             let pool = settings.pool.clone();
             match engine.resize_pool(settings.pool).await {
                 Ok(()) => {
-                    dispatcher.set_default_limits(settings.limits);
+                    dispatcher.set_limits(settings.limits);
                     tracing::info!(?pool, "reloaded pool and limit settings");
                 }
                 Err(err) => tracing::warn!(error = %err, "reload failed"),

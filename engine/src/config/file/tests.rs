@@ -456,6 +456,10 @@ fn resolved_helpers_map_the_values() {
         cpu_s = 60
         open_files = 0
         processes = 0
+        [limits.max]
+        memory_mb = 0
+        open_files = 0
+        processes = 0
         [state]
         dir = "/var/lib/pyvisor"
         auto_after_changes = 0
