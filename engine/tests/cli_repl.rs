@@ -84,3 +84,96 @@ fn through_the_daemon_a_named_session_outlives_the_repl() {
     let out = repl_in(&daemon, &[], "a = input('a? ')\nyes\na\n");
     assert_eq!(text(&out.stdout), "a? 'yes'\n", "{}", text(&out.stderr));
 }
+
+/// `pyvisor repl` on a pseudo-terminal, as a user at a terminal runs it.
+mod on_a_terminal {
+    use std::io::{Read, Write};
+    use std::os::fd::OwnedFd;
+    use std::process::{Child, Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use nix::pty::openpty;
+
+    /// A REPL whose stdin, stdout and stderr are the pty; what it writes arrives on `output`.
+    struct Terminal {
+        child: Child,
+        input: std::fs::File,
+        output: mpsc::Receiver<Vec<u8>>,
+        seen: String,
+    }
+
+    impl Terminal {
+        fn start(home: &std::path::Path) -> Terminal {
+            let pty = openpty(None, None).expect("open a pty");
+            let slave = |fd: &OwnedFd| Stdio::from(fd.try_clone().unwrap());
+            let child = super::common::command(home)
+                .arg("repl")
+                .env("TERM", "xterm")
+                .stdin(slave(&pty.slave))
+                .stdout(slave(&pty.slave))
+                .stderr(slave(&pty.slave))
+                .spawn()
+                .expect("spawn pyvisor repl");
+            drop(pty.slave);
+            let master = std::fs::File::from(pty.master);
+            let mut reader = master.try_clone().unwrap();
+            let (sender, output) = mpsc::channel();
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n @ 1..) = reader.read(&mut chunk) {
+                    if sender.send(chunk[..n].to_vec()).is_err() {
+                        break;
+                    }
+                }
+            });
+            Terminal {
+                child,
+                input: master,
+                output,
+                seen: String::new(),
+            }
+        }
+
+        fn type_keys(&mut self, keys: &str) {
+            self.input.write_all(keys.as_bytes()).unwrap();
+        }
+
+        /// Waits until the screen, after what was seen before, shows `text`.
+        fn wait_for(&mut self, text: &str) {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !self.seen.contains(text) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.output.recv_timeout(left) {
+                    Ok(chunk) => self.seen.push_str(&String::from_utf8_lossy(&chunk)),
+                    Err(_) => panic!("never saw {text:?}; the screen shows {:?}", self.seen),
+                }
+            }
+        }
+    }
+
+    impl Drop for Terminal {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    #[test]
+    fn pasted_lines_run_one_by_one_with_their_values() {
+        let home = tempfile::tempdir().unwrap();
+        let mut terminal = Terminal::start(home.path());
+        terminal.wait_for(">>> ");
+        // What a terminal sends for a paste of three lines, then Enter.
+        terminal.type_keys("\x1b[200~1+1\r2+2\r3+3\r\x1b[201~\r");
+        terminal.wait_for("2\r\n4\r\n6\r\n");
+        // A pasted block followed by a statement at the margin: the block ends there.
+        terminal.type_keys(
+            "\x1b[200~for i in range(2):\r    print(i * 10)\rprint('done')\r\x1b[201~\r",
+        );
+        terminal.wait_for("0\r\n10\r\ndone\r\n");
+        terminal.type_keys("\x04");
+        let status = terminal.child.wait().unwrap();
+        assert!(status.success(), "{status}");
+    }
+}

@@ -5,7 +5,10 @@
 //!   with a backslash, more lines are needed;
 //! - otherwise, input that opens a block (a line ending with `:` outside strings, brackets and
 //!   comments, or a decorator line starting with `@`) runs once an empty line is entered;
-//! - anything else runs at once.
+//! - anything else runs at once;
+//! - a block also ends, without the empty line, when a line at the left margin follows its
+//!   indented body (unless it goes on with `else`, `elif`, `except` or `finally`): that line
+//!   starts the next statement, as in pasted code.
 //!
 //! Whatever this lets through, Python compiles and reports (a `SyntaxError` is an ordinary
 //! error result).
@@ -26,6 +29,26 @@ pub fn is_complete(buffer: &str) -> bool {
         .next()
         .unwrap_or_default();
     last_line.trim().is_empty()
+}
+
+/// Whether `line`, read after `buffer` (an unfinished statement), starts a statement of its
+/// own, so that `buffer` should run first: `buffer` is a block with an indented body, and
+/// `line` is code at the left margin that does not go on with the block.
+pub fn starts_next_statement(buffer: &str, line: &str) -> bool {
+    let scan = scan(buffer);
+    if !scan.opens_block || scan.depth > 0 || scan.in_triple_string || scan.continued {
+        return false;
+    }
+    let body_indented = buffer
+        .lines()
+        .skip(1)
+        .any(|body| body.starts_with([' ', '\t']) && !body.trim().is_empty());
+    let at_margin = !line.starts_with([' ', '\t']) && !line.trim().is_empty();
+    let continues = ["else", "elif", "except", "finally"].iter().any(|keyword| {
+        line.strip_prefix(keyword)
+            .is_some_and(|rest| rest.starts_with([':', ' ', '\t']))
+    });
+    body_indented && at_margin && !line.starts_with('#') && !continues
 }
 
 /// What a buffer leaves open.
@@ -137,7 +160,26 @@ fn end_line(scan: &mut Scan, last_significant: &mut Option<char>) {
 
 #[cfg(test)]
 mod tests {
-    use super::is_complete;
+    use super::{is_complete, starts_next_statement};
+
+    #[test]
+    fn a_line_at_the_margin_after_a_block_body_starts_the_next_statement() {
+        let block = "for i in range(3):\n    print(i)\n";
+        assert!(starts_next_statement(block, "print('done')"));
+        assert!(!starts_next_statement(block, "    print(i * 2)"));
+        assert!(!starts_next_statement(block, "else:"));
+        assert!(!starts_next_statement(block, "# a comment"));
+        assert!(!starts_next_statement(
+            "try:\n    f()\n",
+            "except ValueError:"
+        ));
+        assert!(!starts_next_statement("try:\n    f()\n", "finally:"));
+        // A decorator's function, or a header without its body yet, goes on.
+        assert!(!starts_next_statement("@decorator\n", "def f(): pass"));
+        assert!(!starts_next_statement("def f():\n", "return 1"));
+        assert!(!starts_next_statement("x = [1,\n", "2]"));
+        assert!(!starts_next_statement("x = 1\n", "y = 2"));
+    }
 
     #[test]
     fn a_simple_statement_runs_at_once() {

@@ -3,14 +3,19 @@
 //! [`super::block`] decides, run with [`drive`] like `exec` runs code, and their value or
 //! traceback printed as Python's own REPL does. Ctrl-C interrupts running code and clears
 //! the line at the prompt; Ctrl-D at the prompt leaves.
+//!
+//! Pasted code (a terminal sends it as one bracketed paste, which the line editor returns as
+//! one multi-line "line" once Enter is pressed) is taken apart line by line as if typed, so
+//! each complete statement runs on its own, in order, and shows its value.
 
+use std::collections::VecDeque;
 use std::io;
 
 use clap::Args;
 use pyvisor::ExecutionStatus;
 
 use super::backend::{self, Backend, Open};
-use super::block::is_complete;
+use super::block::{is_complete, starts_next_statement};
 use super::drive::{drive, exit_status, report, write_flush, Answer, Console, Format};
 use super::lines::{Lines, Read};
 use super::EXIT_USAGE;
@@ -63,7 +68,11 @@ pub async fn run(args: ReplArgs) -> u8 {
 /// Reads, runs and prints until the end of input; the exit status.
 async fn repl(backend: &Backend, lines: &Lines) -> u8 {
     let mut console = ReplConsole { lines };
-    while let Some(code) = read_statement(lines).await {
+    let mut statements = Statements {
+        lines,
+        pending: VecDeque::new(),
+    };
+    while let Some(code) = statements.next().await {
         match drive(backend, code, None, Format::Text, &mut console).await {
             Ok(result) => report(&result, Format::Text),
             Err(err) => {
@@ -75,28 +84,57 @@ async fn repl(backend: &Backend, lines: &Lines) -> u8 {
     0
 }
 
-/// The next statement to run; `None` at the end of input.
-async fn read_statement(lines: &Lines) -> Option<String> {
-    let mut buffer = String::new();
-    loop {
-        let prompt = if buffer.is_empty() { ">>> " } else { "... " };
-        match lines.read(prompt, true).await {
-            Read::Line(line) => {
-                if buffer.is_empty() && line.trim().is_empty() {
-                    continue;
+/// Statements read from the line editor, with the lines of a paste not taken yet.
+struct Statements<'a> {
+    lines: &'a Lines,
+    /// Lines already read (the rest of a paste, or a line that ended the block before it).
+    pending: VecDeque<String>,
+}
+
+impl Statements<'_> {
+    /// The next statement to run; `None` at the end of input.
+    async fn next(&mut self) -> Option<String> {
+        let mut buffer = String::new();
+        loop {
+            let read = match self.pending.pop_front() {
+                Some(line) => Read::Line(line),
+                None => {
+                    let prompt = if buffer.is_empty() { ">>> " } else { "... " };
+                    self.lines.read(prompt, true).await
                 }
-                buffer.push_str(&line);
-                buffer.push('\n');
-                if is_complete(&buffer) {
-                    return Some(buffer);
+            };
+            match read {
+                Read::Line(line) if line.contains('\n') => {
+                    // A paste: its lines go first, one by one.
+                    for (at, pasted) in line.split('\n').enumerate() {
+                        self.pending
+                            .insert(at, pasted.trim_end_matches('\r').to_owned());
+                    }
                 }
+                Read::Line(line) => {
+                    if buffer.is_empty() && line.trim().is_empty() {
+                        continue;
+                    }
+                    if starts_next_statement(&buffer, &line) {
+                        self.pending.push_front(line);
+                        return Some(buffer);
+                    }
+                    buffer.push_str(&line);
+                    buffer.push('\n');
+                    if is_complete(&buffer) {
+                        return Some(buffer);
+                    }
+                }
+                // As in Python: Ctrl-C drops what was typed and shows a fresh prompt.
+                Read::Interrupted => {
+                    buffer.clear();
+                    self.pending.clear();
+                }
+                // The end of input still runs an unfinished block (a file that ends without
+                // the empty line after it).
+                Read::Eof if buffer.trim().is_empty() => return None,
+                Read::Eof => return Some(buffer),
             }
-            // As in Python: Ctrl-C drops what was typed and shows a fresh prompt.
-            Read::Interrupted => buffer.clear(),
-            // The end of input still runs an unfinished block (a file that ends without
-            // the empty line after it).
-            Read::Eof if buffer.trim().is_empty() => return None,
-            Read::Eof => return Some(buffer),
         }
     }
 }
