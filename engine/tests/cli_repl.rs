@@ -89,7 +89,7 @@ fn through_the_daemon_a_named_session_outlives_the_repl() {
 mod on_a_terminal {
     use std::io::{Read, Write};
     use std::os::fd::OwnedFd;
-    use std::process::{Child, Command, Stdio};
+    use std::process::{Child, Stdio};
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
