@@ -53,6 +53,12 @@ fn python_error_exits_1_with_the_traceback() {
 fn timeout_exits_3() {
     let out = exec(&["--timeout", "0.3", "import time\ntime.sleep(30)"], "");
     assert_eq!(out.status.code(), Some(3));
+    // Not only the KeyboardInterrupt that stopped it: the reason, and after how long.
+    assert!(
+        text(&out.stderr).contains("pyvisor: the execution timed out after 0."),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

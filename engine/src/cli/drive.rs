@@ -143,6 +143,13 @@ pub fn report(result: &ExecutionResult, format: Format) {
             eprint!("{}", error.traceback.concat());
         }
     }
+    if result.status == ExecutionStatus::Timeout {
+        // The traceback shows only the KeyboardInterrupt that stopped the code.
+        eprintln!(
+            "pyvisor: the execution timed out after {:.1} s (--timeout, else limits.timeout_s)",
+            result.duration_ms / 1000.0
+        );
+    }
 }
 
 /// The exit status for an execution outcome (SPEC.md §1).
