@@ -107,8 +107,11 @@ mod on_a_terminal {
         fn start(home: &std::path::Path) -> Terminal {
             let pty = openpty(None, None).expect("open a pty");
             let slave = |fd: &OwnedFd| Stdio::from(fd.try_clone().unwrap());
+            let tmp = home.join("tmp");
+            std::fs::create_dir_all(&tmp).unwrap();
             let child = super::common::command(home)
                 .arg("repl")
+                .env("TMPDIR", &tmp)
                 .env("TERM", "xterm")
                 .stdin(slave(&pty.slave))
                 .stdout(slave(&pty.slave))
@@ -139,10 +142,14 @@ mod on_a_terminal {
             self.input.write_all(keys.as_bytes()).unwrap();
         }
 
-        /// Waits until the screen, after what was seen before, shows `text`.
+        /// Waits until the screen shows `text` after what earlier waits saw.
         fn wait_for(&mut self, text: &str) {
             let deadline = Instant::now() + Duration::from_secs(60);
-            while !self.seen.contains(text) {
+            loop {
+                if let Some(at) = self.seen.find(text) {
+                    self.seen.drain(..at + text.len());
+                    return;
+                }
                 let left = deadline.saturating_duration_since(Instant::now());
                 match self.output.recv_timeout(left) {
                     Ok(chunk) => self.seen.push_str(&String::from_utf8_lossy(&chunk)),
@@ -172,8 +179,49 @@ mod on_a_terminal {
             "\x1b[200~for i in range(2):\r    print(i * 10)\rprint('done')\r\x1b[201~\r",
         );
         terminal.wait_for("0\r\n10\r\ndone\r\n");
+        // Keys typed before the prompt shows are lost by the line editor (rustyline).
+        terminal.wait_for(">>> ");
         terminal.type_keys("\x04");
         let status = terminal.child.wait().unwrap();
         assert!(status.success(), "{status}");
+    }
+
+    /// Whether a checkpoint file exists anywhere under `dir`.
+    fn holds_a_checkpoint(dir: &std::path::Path) -> bool {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|entry| {
+                let path = entry.path();
+                path.extension().is_some_and(|ext| ext == "ckpt")
+                    || (path.is_dir() && holds_a_checkpoint(&path))
+            })
+    }
+
+    #[test]
+    fn without_a_daemon_a_crashed_interpreter_comes_back_with_its_namespace() {
+        let home = tempfile::tempdir().unwrap();
+        let mut terminal = Terminal::start(home.path());
+        terminal.wait_for(">>> ");
+        terminal.type_keys("x = 41\r");
+        terminal.wait_for("x = 41");
+        terminal.wait_for(">>> ");
+        // The automatic checkpoint follows the reply; wait for it on disk.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !holds_a_checkpoint(&home.path().join("tmp")) {
+            assert!(Instant::now() < deadline, "no checkpoint was written");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        terminal.type_keys("import os; os._exit(1)\r");
+        terminal.wait_for("WorkerCrashed");
+        terminal.wait_for(">>> ");
+        terminal.type_keys("x + 1\r");
+        terminal.wait_for("42\r\n");
+        terminal.wait_for(">>> ");
+        terminal.type_keys("\x04");
+        assert!(terminal.child.wait().unwrap().success());
+        // The temporary state directory goes with the REPL.
+        assert!(!holds_a_checkpoint(&home.path().join("tmp")));
     }
 }

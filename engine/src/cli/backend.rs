@@ -42,6 +42,9 @@ pub struct Open<'a> {
     pub session_needs_daemon: bool,
     /// Say on stderr which way the code runs.
     pub verbose: bool,
+    /// Embedded, keep checkpoints (in a temporary state directory) so that a crashed
+    /// interpreter comes back with its namespace: worth it for a REPL, not for one `exec`.
+    pub recover_crashes: bool,
 }
 
 /// Why a command could not get a session; each is a usage or configuration error.
@@ -90,7 +93,7 @@ pub async fn open(open: Open<'_>) -> Result<Backend, OpenError> {
                 }
                 None => {}
             }
-            Ok(Backend::embedded(settings.engine_config()).await?)
+            Ok(Backend::embedded(settings.engine_config(), open.recover_crashes).await?)
         }
     }
 }
@@ -126,6 +129,8 @@ pub enum Backend {
         session: Session,
         /// Keeps the engine, and so the session's worker, alive; dropped after `session`.
         _engine: Engine,
+        /// The engine's own state directory, if it keeps checkpoints; removed after it.
+        _state_dir: Option<tempfile::TempDir>,
     },
 }
 
@@ -144,10 +149,25 @@ impl Backend {
         })
     }
 
-    /// A session of an engine started with `config` for this command alone.
-    async fn embedded(config: EngineConfig) -> Result<Backend, BackendError> {
-        // One session for one command: ready workers, a zygote or checkpoints would only
-        // cost time.
+    /// A session of an engine started with `config` for this command alone, with
+    /// checkpoints in a temporary state directory of its own when `recover_crashes` (the
+    /// configured one may belong to a running daemon, which holds its lock).
+    async fn embedded(
+        config: EngineConfig,
+        recover_crashes: bool,
+    ) -> Result<Backend, BackendError> {
+        let state_dir = match recover_crashes {
+            true => Some(
+                tempfile::Builder::new()
+                    .prefix("pyvisor-state-")
+                    .tempdir()
+                    .map_err(|err| {
+                        EngineError::Start(format!("create a temporary state directory: {err}"))
+                    })?,
+            ),
+            false => None,
+        };
+        // One session for one command: ready workers or a zygote would only cost time.
         let config = EngineConfig {
             pool: PoolConfig {
                 min_idle: 0,
@@ -155,7 +175,8 @@ impl Backend {
             },
             zygote: false,
             state: StateConfig {
-                enabled: false,
+                enabled: state_dir.is_some(),
+                dir: state_dir.as_ref().map(|dir| dir.path().to_owned()),
                 ..config.state
             },
             ..config
@@ -165,6 +186,7 @@ impl Backend {
         Ok(Backend::Embedded {
             session,
             _engine: engine,
+            _state_dir: state_dir,
         })
     }
 

@@ -62,6 +62,7 @@ pub async fn run(args: ExecArgs) -> u8 {
         // asked to keep would be lost without a word.
         session_needs_daemon: true,
         verbose: args.verbose,
+        recover_crashes: false,
     };
     let backend = match backend::open(open).await {
         Ok(backend) => backend,

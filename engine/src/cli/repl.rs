@@ -37,6 +37,7 @@ pub async fn run(args: ReplArgs) -> u8 {
         // Embedded, the session's state still lasts as long as the REPL: warn only.
         session_needs_daemon: false,
         verbose: args.verbose,
+        recover_crashes: true,
     };
     let backend = match backend::open(open).await {
         Ok(backend) => backend,
