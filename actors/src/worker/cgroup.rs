@@ -10,9 +10,9 @@
 //! by `cpuacct` and `freezer` where mounted), and otherwise reports
 //! [`CgroupMechanism::None`] so the caller relies on rlimits alone; it never fails.
 //!
-//! The manager owns this engine's parent group `pyvisor-<engine pid>` (one dir on v2, one per
-//! hierarchy on v1), created under the engine's own cgroup; a leaf owns its dirs and every
-//! process in them. Every group dir is the engine's, mode 0755, and its files the kernel's
+//! The manager owns this engine's parent group `pyvisor-<engine pid>-<n>` (`n` tells apart the
+//! engines of one process; one dir on v2, one per hierarchy on v1), created under the engine's
+//! own cgroup; a leaf owns its dirs and every process in them. Every group dir is the engine's, mode 0755, and its files the kernel's
 //! default 0644: nothing is delegated to the worker. On v2 the engine first moves itself into
 //! `<own>/pyvisor-supervisor`, because a cgroup with processes may not enable controllers for
 //! its children. At detection the groups of engines that died without cleanup are emptied
@@ -27,6 +27,7 @@ mod tests;
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use leaf::CgroupLeaf;
@@ -36,7 +37,7 @@ use files::{create_leaf_dir, ensure_dir, own_dir, read, write};
 
 /// Leaf of the engine's own v2 cgroup that the engine process moves itself into.
 const SUPERVISOR_DIR: &str = "pyvisor-supervisor";
-/// Prefix of every engine's parent group; the rest of the name is the engine's pid.
+/// Prefix of every engine's parent group; the name goes on with the engine's pid and a dash.
 const PARENT_PREFIX: &str = "pyvisor-";
 /// v1 controllers a leaf joins when their hierarchy is mounted, beyond `pids` and `memory`:
 /// CPU accounting, and the freezer that lets a kill leave no fork behind.
@@ -97,7 +98,10 @@ impl CgroupManager {
     /// Detects the mechanism, cleans up after dead engines and creates this engine's parent
     /// group; falls back to `None`. Leaves are registered with `janitor`.
     pub fn detect(janitor: Option<Arc<Janitor>>) -> CgroupManager {
-        Self::detect_named(&format!("{PARENT_PREFIX}{}", std::process::id()), janitor)
+        static ENGINES: AtomicU64 = AtomicU64::new(1);
+        let engine = ENGINES.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{PARENT_PREFIX}{}-{engine}", std::process::id());
+        Self::detect_named(&name, janitor)
     }
 
     /// [`Self::detect`] with the parent group called `name` (tests use several per process).

@@ -8,12 +8,15 @@ use std::path::PathBuf;
 
 use super::{CgroupLeaf, CgroupMechanism, Hierarchy, PARENT_PREFIX};
 
-/// Kills what is in the `pyvisor-<pid>` groups of engines that no longer run, and removes them.
+/// Kills what is in the `pyvisor-<pid>-<n>` groups of engines that no longer run, and removes them.
 pub(super) fn remove_stale_parents(mechanism: CgroupMechanism, hierarchies: &[Hierarchy]) {
+    // `pyvisor-<pid>-<n>`, or `pyvisor-<pid>` as older engines named it.
     let pid_of = |name: &str| {
-        name.strip_prefix(PARENT_PREFIX)
-            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|p| p.parse::<u32>().ok())
+        let rest = name.strip_prefix(PARENT_PREFIX)?;
+        let pid = rest.split_once('-').map_or(rest, |(pid, _)| pid);
+        pid.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| pid.parse::<u32>().ok())?
     };
     let stale: BTreeSet<String> = hierarchies
         .iter()
