@@ -118,16 +118,37 @@ impl CgroupManager {
             }
         };
         teardown::remove_stale_parents(mechanism, &hierarchies);
-        let manager = CgroupManager {
+        let mut manager = CgroupManager {
             mechanism,
             hierarchies,
             name: name.to_owned(),
             janitor,
         };
-        match manager.ensure_parents() {
-            Ok(()) => manager,
+        // An optional v1 hierarchy the engine cannot write to is left out; a required one
+        // leaves the engine without cgroups.
+        let mut failed = None;
+        let all = std::mem::take(&mut manager.hierarchies);
+        for hierarchy in all {
+            match manager.ensure_parent(&hierarchy) {
+                Err(e)
+                    if hierarchy
+                        .controllers
+                        .iter()
+                        .all(|c| V1_OPTIONAL.contains(c)) =>
+                {
+                    tracing::warn!("cgroup {:?} left out: {e}", hierarchy.controllers);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    manager.hierarchies.push(hierarchy);
+                }
+                Ok(()) => manager.hierarchies.push(hierarchy),
+            }
+        }
+        match failed {
+            None => manager,
             // Dropping `manager` removes whatever parent dir it did create.
-            Err(e) => {
+            Some(e) => {
                 tracing::debug!("cgroup parent group not created: {e}");
                 CgroupManager {
                     mechanism: CgroupMechanism::None,
@@ -155,21 +176,20 @@ impl CgroupManager {
             )));
         }
         let mut controllers = vec!["pids", "memory"];
-        if has("cpu") {
-            controllers.push("cpu");
-        } else {
-            tracing::warn!("cgroup2 has no cpu controller: session CPU usage is not reported");
-        }
         let supervisor = base.join(SUPERVISOR_DIR);
         ensure_dir(&supervisor)?;
         write(
             &supervisor.join("cgroup.procs"),
             &std::process::id().to_string(),
         )?;
-        write(
-            &base.join("cgroup.subtree_control"),
-            &subtree_control(&controllers),
-        )?;
+        let subtree_control = base.join("cgroup.subtree_control");
+        write(&subtree_control, "+pids +memory")?;
+        // The CPU controller; `cpu.stat` counts usage even where it cannot be enabled.
+        match has("cpu").then(|| write(&subtree_control, "+cpu")) {
+            Some(Ok(())) => controllers.push("cpu"),
+            Some(Err(e)) => tracing::warn!("cgroup2 cpu controller not enabled: {e}"),
+            None => tracing::warn!("cgroup2 offers no cpu controller to its workers"),
+        }
         Ok((CgroupMechanism::V2, vec![Hierarchy { base, controllers }]))
     }
 
@@ -270,15 +290,20 @@ impl CgroupManager {
 
     /// Creates the parent dir(s) when missing and, on v2, delegates the controllers to leaves.
     fn ensure_parents(&self) -> io::Result<()> {
-        for hierarchy in &self.hierarchies {
-            let parent = self.parent(hierarchy);
-            ensure_dir(&parent)?;
-            if self.mechanism == CgroupMechanism::V2 {
-                write(
-                    &parent.join("cgroup.subtree_control"),
-                    &subtree_control(&hierarchy.controllers),
-                )?;
-            }
+        self.hierarchies
+            .iter()
+            .try_for_each(|hierarchy| self.ensure_parent(hierarchy))
+    }
+
+    /// [`Self::ensure_parents`] in one hierarchy.
+    fn ensure_parent(&self, hierarchy: &Hierarchy) -> io::Result<()> {
+        let parent = self.parent(hierarchy);
+        ensure_dir(&parent)?;
+        if self.mechanism == CgroupMechanism::V2 {
+            write(
+                &parent.join("cgroup.subtree_control"),
+                &subtree_control(&hierarchy.controllers),
+            )?;
         }
         Ok(())
     }

@@ -81,7 +81,8 @@ impl CgroupLeaf {
         };
         let oom_events = with("memory").map(|d| d.join(oom_file));
         let cpu_usage = if v2 {
-            with("cpu").map(|d| CpuUsageFile::Stat(d.join("cpu.stat")))
+            // A core file of every v2 group, with or without the cpu controller.
+            with("pids").map(|d| CpuUsageFile::Stat(d.join("cpu.stat")))
         } else {
             with("cpuacct").map(|d| CpuUsageFile::Cpuacct(d.join("cpuacct.usage")))
         };
