@@ -157,7 +157,6 @@ async fn the_next_engine_start_kills_what_a_dead_engine_and_its_janitor_left() {
     }
     host.kill().unwrap();
     host.wait().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
     assert!(
         process_running(grandchild),
         "with the janitor dead too, the grandchild is left over"
