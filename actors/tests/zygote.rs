@@ -359,7 +359,7 @@ async fn dropping_the_last_handle_ends_the_zygote_but_not_its_workers() {
 
 #[tokio::test]
 async fn forked_worker_joins_its_cgroup_before_it_runs() {
-    let cgroups = CgroupManager::detect();
+    let cgroups = CgroupManager::detect(None);
     if cgroups.mechanism() == CgroupMechanism::None {
         println!("no cgroup containment on this machine: skipping the cgroup zygote test");
         return;

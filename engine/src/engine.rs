@@ -259,7 +259,7 @@ fn supervisor_config(
             cgroups: config
                 .use_cgroups
                 .then(|| {
-                    let cgroups = CgroupManager::detect();
+                    let cgroups = CgroupManager::detect(Some(janitor.clone()));
                     (cgroups.mechanism() != CgroupMechanism::None).then(|| Arc::new(cgroups))
                 })
                 .flatten(),

@@ -98,3 +98,12 @@ pub async fn eventually_gone(pid: u32, still_there: fn(u32) -> bool) -> bool {
 pub async fn process_gone(pid: u32) -> bool {
     eventually_gone(pid, process_exists).await
 }
+
+/// Session code that starts `sleep 300` in a new session through an intermediate process
+/// that exits at once, so that it belongs to neither the worker's process group nor its
+/// tree; its value is the sleeper's pid.
+pub const SETSID_GRANDCHILD: &str = "import subprocess, sys\n\
+    starter = \"import subprocess; print(subprocess.Popen(['sleep', '300'], \
+    start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)\"\n\
+    int(subprocess.run([sys.executable, '-c', starter], capture_output=True, text=True, \
+    check=True).stdout)";

@@ -97,6 +97,10 @@ impl Handler<GetInfo> for SessionActor {
             queued: self.queue.len(),
             restarts: self.restarts,
             containment: self.worker.as_ref().map(|w| w.containment),
+            cpu_s: (self.worker.as_ref())
+                .and_then(Worker::cgroup)
+                .and_then(|leaf| leaf.cpu_usage())
+                .map(|used| used.as_secs_f64()),
             last_checkpoint: self.durability.ledger.last.map(|last| last.id.to_string()),
             durability: self.durability.ledger.report(),
             proactive: self.proactive.as_ref().map(|p| p.share()),

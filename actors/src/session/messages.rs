@@ -154,6 +154,9 @@ pub struct SessionSnapshot {
     pub restarts: u64,
     /// What enforces the worker's memory and process limits: "cgroup2", "cgroup1", "rlimit".
     pub containment: Option<&'static str>,
+    /// CPU seconds used by the current worker and every process it started, from its cgroup;
+    /// `None` without a worker or CPU accounting.
+    pub cpu_s: Option<f64>,
     /// The latest checkpoint the session wrote or restored.
     pub last_checkpoint: Option<String>,
     /// Whether a crash now would lose anything, and why.

@@ -10,7 +10,7 @@ use super::state::{CheckpointReport, Inspection, RestoreReport};
 use super::{host_error, SessionActor, SessionEvent, State, Tagged};
 use crate::execution::{DisplayData, ExecutionEvent, ExecutionStatus, OutputStream};
 use crate::running::InterruptCause;
-use crate::worker::WorkerEvent;
+use crate::worker::{Worker, WorkerEvent};
 
 impl SessionActor {
     fn on_message(&mut self, message: WorkerMessage, ctx: &mut Context<Self>) {
@@ -149,8 +149,16 @@ impl SessionActor {
     /// The worker is gone: end the running execution, then stop, so that supervision
     /// restarts the actor with a new worker (or finish closing).
     fn on_exit(&mut self, status: Option<ExitStatus>, ctx: &mut Context<Self>) {
-        self.worker = None;
-        let cause = describe_exit(status, self.kill_reason.take());
+        let memory_limit_kill = self.worker.take().and_then(|w| memory_limit_kill(&w));
+        let cause = match (memory_limit_kill, self.kill_reason.take()) {
+            // The memory limit killed it, and the host, if it killed it too, for that reason.
+            (Some(oom), reason)
+                if killed_or_unknown(status) && reason.as_ref().is_none_or(|r| *r == oom) =>
+            {
+                format!("the worker was {oom}")
+            }
+            (_, reason) => describe_exit(status, reason),
+        };
         tracing::info!(session = %self.session_id, %cause, "worker exited");
         if let State::Closing = self.state {
             self.forget_worker_requests(false);
@@ -201,6 +209,28 @@ impl SessionActor {
     }
 }
 
+/// "killed by the memory limit (512 MB)" when the kernel has killed a process of the worker's
+/// cgroup leaf for want of memory.
+fn memory_limit_kill(worker: &Worker) -> Option<String> {
+    let leaf = worker.cgroup()?;
+    if leaf.oom_kills() == 0 {
+        return None;
+    }
+    Some(match leaf.memory_limit() {
+        Some(bytes) if bytes % (1 << 20) == 0 => {
+            format!("killed by the memory limit ({} MB)", bytes >> 20)
+        }
+        Some(bytes) => format!("killed by the memory limit ({bytes} bytes)"),
+        None => "killed by the kernel for want of memory".to_owned(),
+    })
+}
+
+/// Whether the worker died of SIGKILL (what the OOM killer sends) or of an unknown cause.
+fn killed_or_unknown(status: Option<ExitStatus>) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.is_none_or(|status| status.signal() == Some(libc::SIGKILL))
+}
+
 /// A human sentence for how the worker ended.
 fn describe_exit(status: Option<ExitStatus>, kill_reason: Option<String>) -> String {
     use std::os::unix::process::ExitStatusExt;
@@ -238,9 +268,15 @@ impl StreamHandler<Tagged> for SessionActor {
             // A worker being ended closes its pipe on the way out: nothing to report.
             WorkerEvent::ProtocolError(_)
                 if matches!(self.state, State::Closing) || self.kill_reason.is_some() => {}
+            // The memory limit closes the worker's pipes by killing it: no protocol error.
             WorkerEvent::ProtocolError(reason) => {
-                tracing::warn!(session = %self.session_id, %reason, "protocol error");
-                self.kill_worker(format!("protocol error: {reason}"));
+                match self.worker.as_ref().and_then(memory_limit_kill) {
+                    Some(oom) => self.kill_worker(oom),
+                    None => {
+                        tracing::warn!(session = %self.session_id, %reason, "protocol error");
+                        self.kill_worker(format!("protocol error: {reason}"));
+                    }
+                }
             }
             WorkerEvent::Exited(status) => self.on_exit(status, ctx),
         }

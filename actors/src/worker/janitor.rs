@@ -1,10 +1,15 @@
-//! The janitor: one small process per engine that ends every worker's process group when
-//! the engine goes away, even when the host is killed with SIGKILL.
+//! The janitor: one small process per engine that ends every worker's process group and
+//! empties every worker's cgroup leaf when the engine goes away, even when the host is killed
+//! with SIGKILL.
 //!
 //! `PR_SET_PDEATHSIG` takes care of the workers themselves, but not of processes they
-//! started. The janitor runs in its own process group, reads `+PGID`/`-PGID` lines from a
-//! pipe whose write end only the host holds, and on end of input (the host exited, crashed,
-//! or dropped the engine) SIGKILLs every group still registered.
+//! started, and a `setsid` or double-forked child leaves the worker's process group too. The
+//! janitor runs in its own process group, reads registrations from a pipe whose write end only
+//! the host holds: `+PGID`/`-PGID` for process groups, `L+LEAF`/`L-LEAF` for cgroup leaves
+//! (`LEAF` is a JSON object naming the leaf's dirs, its v1 `freezer.state` and its v2
+//! `cgroup.kill`). On end of input (the host exited, crashed, or dropped the engine) it
+//! SIGKILLs every group still registered, then empties each leaf as the engine would (kill
+//! file, or freeze, kill each member, thaw, until empty) and removes it.
 
 use std::io::{self, Write};
 use std::os::unix::process::CommandExt;
@@ -17,9 +22,76 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use crate::errors::SpawnError;
 
 const JANITOR_SOURCE: &str = r#"
-import os, signal, sys
-groups = set()
+import json, os, signal, sys, time
+
+def put(path, value):
+    try:
+        with open(path, 'w') as f:
+            f.write(value)
+        return True
+    except OSError:
+        return False
+
+def members(leaf):
+    pids = set()
+    for d in leaf['dirs']:
+        try:
+            with open(os.path.join(d, 'cgroup.procs')) as f:
+                pids.update(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            pass
+    pids.discard(os.getpid())
+    pids.discard(0)
+    return pids
+
+def kill(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+def empty(leaf):
+    kill_file, freezer = leaf.get('kill'), leaf.get('freezer')
+    if kill_file:
+        put(kill_file, '1')
+    frozen = bool(freezer) and put(freezer, 'FROZEN')
+    until = time.monotonic() + 0.25
+    while frozen and time.monotonic() < until:
+        try:
+            with open(freezer) as f:
+                if f.read().strip() == 'FROZEN':
+                    break
+        except OSError:
+            break
+        time.sleep(0.005)
+    kill(members(leaf))
+    if frozen:
+        put(freezer, 'THAWED')
+    until = time.monotonic() + 1
+    while True:
+        pids = members(leaf)
+        if not pids:
+            break
+        if time.monotonic() > until:
+            return
+        if kill_file:
+            put(kill_file, '1')
+        kill(pids)
+        time.sleep(0.005)
+    for d in leaf['dirs']:
+        for group in (d, os.path.dirname(d)):
+            try:
+                os.rmdir(group)
+            except OSError:
+                pass
+
+groups, leaves = set(), set()
 for line in sys.stdin:
+    line = line.rstrip('\n')
+    if line.startswith('L'):
+        (leaves.add if line[1:2] == '+' else leaves.discard)(line[2:])
+        continue
     try:
         pgid = int(line[1:])
     except ValueError:
@@ -32,6 +104,11 @@ for pgid in groups:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
+        pass
+for text in leaves:
+    try:
+        empty(json.loads(text))
+    except (ValueError, KeyError, TypeError):
         pass
 "#;
 
@@ -80,6 +157,17 @@ impl Janitor {
         self.send(&format!("-{pgid}\n"));
     }
 
+    /// Asks the janitor to empty and remove the cgroup leaf `leaf` (its JSON description)
+    /// if the engine goes away.
+    pub(crate) fn register_leaf(&self, leaf: &str) {
+        self.send(&format!("L+{leaf}\n"));
+    }
+
+    /// The leaf is empty and removed; the janitor forgets it.
+    pub(crate) fn unregister_leaf(&self, leaf: &str) {
+        self.send(&format!("L-{leaf}\n"));
+    }
+
     fn send(&self, line: &str) {
         if let Ok(mut guard) = self.registrations.lock() {
             if let Some(stdin) = guard.as_mut() {
@@ -87,6 +175,16 @@ impl Janitor {
                     tracing::warn!(error = %err, "janitor registration lost");
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+impl Janitor {
+    /// Closes the registration pipe as a dying host would, while registrations stand.
+    pub(crate) fn hang_up(&self) {
+        if let Ok(mut guard) = self.registrations.lock() {
+            guard.take();
         }
     }
 }

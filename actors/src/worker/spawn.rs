@@ -151,6 +151,11 @@ impl Worker {
     pub fn kill(&self) {
         kill_group(self.info.pid);
     }
+
+    /// The worker's cgroup leaf, when it has one: its CPU usage and memory-limit kills.
+    pub fn cgroup(&self) -> Option<&CgroupLeaf> {
+        self.leaf.as_ref()
+    }
 }
 
 impl Drop for Worker {

@@ -437,6 +437,7 @@ async fn session_info(session: &Session) -> Result<wire::SessionInfo, EngineErro
             lost_names: snapshot.durability.lost_names,
             failure: snapshot.durability.failure,
         },
+        cpu_s: snapshot.cpu_s,
         proactive: snapshot.proactive,
     })
 }

@@ -198,6 +198,10 @@ pub struct SessionInfo {
     pub created_at: f64,
     pub last_checkpoint: Option<String>,
     pub durability: Durability,
+    /// CPU seconds used by the session's current worker and its children (its cgroup);
+    /// absent without cgroup CPU accounting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_s: Option<f64>,
     /// The session's share of `engine.stats` `proactive` (`cache_bytes` is 0); absent
     /// when the session is not proactive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
