@@ -103,7 +103,4 @@ pub enum SupervisorError {
     /// No session has this id or name, or it belongs to another owner.
     #[error("find session {session}: no such session")]
     UnknownSession { session: String },
-    /// A session of this name exists and belongs to another owner.
-    #[error("create session {name:?}: the name belongs to another owner's session")]
-    NameTaken { name: String },
 }

@@ -10,7 +10,7 @@ use awc::ws;
 use futures::{Sink, SinkExt, Stream, StreamExt};
 use metrics_exporter_prometheus::PrometheusHandle;
 use pyvisor::rpc::Dispatcher;
-use pyvisor::server::http::{install_prometheus, HttpOptions, HttpServer};
+use pyvisor::server::http::{install_prometheus, HttpAccess, HttpOptions, HttpServer};
 use pyvisor::{Engine, EngineConfig, PoolConfig, SessionLimits, StateConfig};
 use pyvisor_actors::metrics as names;
 use serde_json::{json, Value};
@@ -65,6 +65,7 @@ async fn start_with(token: Option<&'static str>) -> Server {
     let options = HttpOptions {
         addr: "127.0.0.1:0".parse().expect("an address"),
         token: token.map(str::to_owned),
+        access: HttpAccess::default(),
         max_request_bytes: MAX_REQUEST_BYTES,
         max_connections: 64,
         metrics: Some(metrics),
