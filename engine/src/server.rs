@@ -11,4 +11,4 @@ mod unix;
 
 pub use daemon::{serve, HttpListen, Listen, Reload, Reloader, ServeOptions};
 pub use http::{HttpAccess, OwnerToken};
-pub use unix::SocketAccess;
+pub use unix::{SocketAccess, UnixServer};
