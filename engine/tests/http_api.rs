@@ -567,12 +567,13 @@ async fn websocket_answers_input_on_the_same_socket() {
 #[actix_rt::test]
 async fn websocket_message_over_the_limit_gets_an_error_and_a_close() {
     let server = start().await;
-    let mut socket = connect(&server, "any").await;
+    let id = server.create().await;
+    let mut socket = connect(&server, &id).await;
     let code = "a".repeat(MAX_REQUEST_BYTES + 1);
     send(
         &mut socket,
         json!({"jsonrpc": "2.0", "id": 1, "method": "session.execute",
-               "params": {"session_id": "any", "code": code}}),
+               "params": {"session_id": id, "code": code}}),
     )
     .await;
     let error = receive(&mut socket).await;
@@ -590,7 +591,9 @@ async fn websocket_message_over_the_limit_gets_an_error_and_a_close() {
 #[actix_rt::test]
 async fn stop_closes_websockets_and_releases_the_port() {
     let server = start().await;
-    let mut socket = connect(&server, "any").await;
+    // The path must name a live session: a WebSocket is pinned to it.
+    let id = server.create().await;
+    let mut socket = connect(&server, &id).await;
     let addr = server.http.local_addr();
     let engine = server.engine.clone();
     server.stop().await;
