@@ -7,11 +7,13 @@ pub mod errors;
 pub mod framing;
 mod message;
 mod outbound;
+mod params;
 pub mod strict_json;
 pub mod wire;
 
 pub use caller::{Caller, MAX_OWNER_BYTES};
-pub use dispatch::{Dispatcher, MAX_NAME_BYTES};
+pub use dispatch::Dispatcher;
 pub use errors::{code, RpcError};
 pub use message::{error_text, oversized, respond};
 pub use outbound::{Outbound, OutboundQueue, OUTBOUND_CAPACITY};
+pub use params::MAX_NAME_BYTES;

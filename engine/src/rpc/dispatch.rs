@@ -6,19 +6,20 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::StreamExt;
 use pyvisor_actors::session::SessionPhase;
 use pyvisor_actors::SessionLimits;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::caller::Caller;
 use super::errors::RpcError;
 use super::outbound::Outbound;
+use super::params::{
+    check_name, decode, decode_or_default, encode, no_params, seconds, take_owner,
+};
 use super::wire::{self, method, notification};
 use crate::{
     Engine, EngineError, ExecuteRequest, ExecutionEvent, Session, SessionError, SessionOptions,
@@ -522,37 +523,6 @@ impl Scope<'_> {
     }
 }
 
-/// The longest session name, in bytes.
-pub const MAX_NAME_BYTES: usize = 128;
-
-/// Refuses a session name that is empty or longer than [`MAX_NAME_BYTES`].
-fn check_name(name: &str) -> Result<(), RpcError> {
-    if name.is_empty() {
-        return Err(RpcError::invalid_params("name: must not be empty"));
-    }
-    if name.len() > MAX_NAME_BYTES {
-        return Err(RpcError::invalid_params(format!(
-            "name: at most {MAX_NAME_BYTES} bytes, got {}",
-            name.len()
-        )));
-    }
-    Ok(())
-}
-
-/// Takes the `owner` param out of `params` (a string, or null for none).
-fn take_owner(params: &mut Option<Value>) -> Result<Option<String>, RpcError> {
-    let Some(Value::Object(map)) = params else {
-        return Ok(None);
-    };
-    match map.remove("owner") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(owner)) => Ok(Some(owner)),
-        Some(other) => Err(RpcError::invalid_params(format!(
-            "owner: expected a string, got {other}"
-        ))),
-    }
-}
-
 /// `session.info` of one session.
 async fn session_info(session: &Session) -> Result<wire::SessionInfo, EngineError> {
     let snapshot = session.info().await?;
@@ -603,54 +573,4 @@ fn phase_name(phase: SessionPhase) -> &'static str {
         SessionPhase::Closing => "closing",
         SessionPhase::Closed => "closed",
     }
-}
-
-/// A duration from a number of seconds in a request; `field` names it in the error.
-fn seconds(field: &str, value: f64) -> Result<Duration, RpcError> {
-    match Duration::try_from_secs_f64(value) {
-        Ok(duration) if value > 0.0 => Ok(duration),
-        _ => Err(RpcError::invalid_params(format!(
-            "{field}: expected a positive number of seconds, got {value}"
-        ))),
-    }
-}
-
-fn decode<T: DeserializeOwned>(params: Option<Value>) -> Result<T, RpcError> {
-    let params = params.unwrap_or(Value::Null);
-    if !params.is_object() {
-        return Err(RpcError::invalid_params("expected an object"));
-    }
-    // The path names the field in the message, e.g. "limits.memory_mb: invalid type".
-    serde_path_to_error::deserialize(params).map_err(|err| {
-        let path = err.path().to_string();
-        let inner = err.into_inner();
-        if path == "." {
-            RpcError::invalid_params(inner)
-        } else {
-            RpcError::invalid_params(format!("{path}: {inner}"))
-        }
-    })
-}
-
-/// Like [`decode`], for methods whose params are all optional: absent params are defaults.
-fn decode_or_default<T: DeserializeOwned + Default>(params: Option<Value>) -> Result<T, RpcError> {
-    match params {
-        None | Some(Value::Null) => Ok(T::default()),
-        Some(params) => decode(Some(params)),
-    }
-}
-
-fn no_params(params: Option<Value>) -> Result<(), RpcError> {
-    match params {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Object(map)) if map.is_empty() => Ok(()),
-        Some(Value::Array(list)) if list.is_empty() => Ok(()),
-        Some(_) => Err(RpcError::invalid_params("this method takes no params")),
-    }
-}
-
-/// The result as JSON text, serialized once: a response embeds it as it is.
-fn encode<T: Serialize>(value: T) -> Result<Box<RawValue>, RpcError> {
-    serde_json::value::to_raw_value(&value)
-        .map_err(|err| RpcError::new(super::errors::code::INTERNAL_ERROR, err.to_string()))
 }
