@@ -406,3 +406,35 @@ fn admins_and_owners_come_from_uids() {
     // A uid with a passwd entry is named after its user (nobody is in every base system).
     assert_eq!(access.caller(65534), Some(Caller::owner("nobody")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_keys_and_long_names_are_invalid_params() {
+    let daemon = Daemon::start().await;
+    let mut conn = daemon.connect().await;
+    // Which session_id would win is up to the parser: the request is refused instead.
+    conn.send_raw(
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session.info\",\
+          \"params\":{\"session_id\":\"a\",\"session_id\":\"b\"}}\n",
+    )
+    .await;
+    let reply = conn.read().await.expect("an answer");
+    assert_eq!(reply["id"], 1, "{reply}");
+    assert_eq!(reply["error"]["code"], -32602, "{reply}");
+    let message = reply["error"]["message"].as_str().unwrap();
+    assert!(message.contains("session_id: duplicate key"), "{message}");
+
+    let long = "n".repeat(129);
+    let (_, reply) = conn.request("session.create", json!({"name": long})).await;
+    assert_eq!(reply["error"]["code"], -32602, "{reply}");
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("name: at most 128 bytes"));
+    let (_, reply) = conn.request("session.create", json!({"owner": long})).await;
+    assert_eq!(reply["error"]["code"], -32602, "{reply}");
+    // The connection still serves.
+    let created = conn
+        .call("session.create", json!({"name": "n".repeat(128)}))
+        .await;
+    assert!(created["session_id"].is_string());
+}
