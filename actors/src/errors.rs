@@ -103,9 +103,6 @@ pub enum SupervisorError {
     /// No session has this id or name, or it belongs to another owner.
     #[error("find session {session}: no such session")]
     UnknownSession { session: String },
-    /// A session of this name exists and belongs to another owner.
-    #[error("create session {name:?}: the name belongs to another owner's session")]
-    NameTaken { name: String },
     /// The owner already holds as many sessions as `max_sessions_per_owner` allows.
     #[error("create a session for owner {owner:?}: it already holds {limit} sessions, the most one owner may hold (limits.max_sessions_per_owner)")]
     TooManySessions { owner: String, limit: usize },

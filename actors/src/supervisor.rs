@@ -47,8 +47,9 @@ pub struct Supervisor {
     /// The proactive actors, started with the supervisor.
     proactive: Option<(Addr<PredictorActor>, Addr<CacheActor>)>,
     registry: Registry,
-    /// Names whose session is being created, with the creates that wait to attach to it.
-    creating: HashMap<String, Vec<oneshot::Sender<()>>>,
+    /// Names (per owner) whose session is being created, with the creates that wait to
+    /// attach to it.
+    creating: HashMap<(Option<String>, String), Vec<oneshot::Sender<()>>>,
     /// Sessions being created, per owner: they count against the owner's quota already.
     creating_for: HashMap<String, usize>,
     id_prefix: String,
@@ -169,7 +170,11 @@ impl Supervisor {
         let session_id = format!("{}-{}", self.id_prefix, self.created);
         let state = self.config.state.as_ref().map(|state| StateSetup {
             store: state.store.clone(),
-            key: StateSetup::key_for(options.name.as_deref(), &session_id),
+            key: StateSetup::key_for(
+                options.owner.as_deref(),
+                options.name.as_deref(),
+                &session_id,
+            ),
             policy: state.policy,
             scratch: state.scratch.clone(),
             restore_on_start: on_disk,
@@ -226,28 +231,27 @@ impl Supervisor {
     }
 }
 
-/// A create that found its name taken: the existing session, if the caller may have it.
-fn attach(existing: &SessionHandle, owner: Option<&str>) -> Result<SessionHandle, SupervisorError> {
-    if owner.is_some() && existing.owner.as_deref() != owner {
-        return Err(SupervisorError::NameTaken {
-            name: existing.name.clone().unwrap_or_default(),
-        });
-    }
-    Ok(SessionHandle {
+/// A create that found its owner's name taken: that session, attached to.
+fn attach(existing: &SessionHandle) -> SessionHandle {
+    SessionHandle {
         attached: true,
         worker: None,
         restored: false,
         ..existing.clone()
-    })
+    }
 }
 
-/// Whether `store` holds checkpoints of the session named `name`, which an earlier engine
-/// left (read on the blocking pool, never on the actor's thread).
-async fn left_on_disk(store: Option<CheckpointStore>, name: Option<String>) -> bool {
+/// Whether `store` holds checkpoints of the session `owner` named `name`, which an earlier
+/// engine left (read on the blocking pool, never on the actor's thread).
+async fn left_on_disk(
+    store: Option<CheckpointStore>,
+    owner: Option<String>,
+    name: Option<String>,
+) -> bool {
     let (Some(store), Some(name)) = (store, name) else {
         return false;
     };
-    let key = StateSetup::named_key(&name);
+    let key = StateSetup::named_key(owner.as_deref(), &name);
     tokio::task::spawn_blocking(move || store.list(&key).is_ok_and(|list| !list.is_empty()))
         .await
         .unwrap_or(false)
@@ -303,9 +307,10 @@ impl Handler<CreateSession> for Supervisor {
         }
         let options = msg.options;
         if let Some(name) = options.name.clone() {
-            if let Some(existing) = self.registry.named(&name) {
-                return Box::pin(fut::ready(attach(existing, options.owner.as_deref())));
+            if let Some(existing) = self.registry.named(options.owner.as_deref(), &name) {
+                return Box::pin(fut::ready(Ok(attach(existing))));
             }
+            let name = (options.owner.clone(), name);
             if let Some(waiting) = self.creating.get_mut(&name) {
                 // Another create of this name is under way: ask again once it is done.
                 let (done, created) = oneshot::channel();
@@ -323,8 +328,9 @@ impl Handler<CreateSession> for Supervisor {
             self.creating.insert(name, Vec::new());
         }
         if let Err(err) = self.count_against_quota(options.owner.as_deref()) {
-            if let Some(name) = &options.name {
-                for waiting in self.creating.remove(name).unwrap_or_default() {
+            if let Some(name) = options.name.clone() {
+                let name = (options.owner.clone(), name);
+                for waiting in self.creating.remove(&name).unwrap_or_default() {
                     let _ = waiting.send(());
                 }
             }
@@ -335,7 +341,7 @@ impl Handler<CreateSession> for Supervisor {
             spec: spec.clone(),
             slot: Slot::New,
         });
-        let on_disk = left_on_disk(self.store(), options.name.clone());
+        let on_disk = left_on_disk(self.store(), options.owner.clone(), options.name.clone());
         let looked_up = async move {
             let on_disk = on_disk.await;
             (acquire.await, on_disk)
@@ -345,8 +351,9 @@ impl Handler<CreateSession> for Supervisor {
                 .into_actor(self)
                 .map(move |(outcome, on_disk), act, ctx| {
                     act.created_for(options.owner.as_deref());
-                    if let Some(name) = &options.name {
-                        for waiting in act.creating.remove(name).unwrap_or_default() {
+                    if let Some(name) = options.name.clone() {
+                        let name = (options.owner.clone(), name);
+                        for waiting in act.creating.remove(&name).unwrap_or_default() {
                             let _ = waiting.send(());
                         }
                     }
@@ -373,7 +380,7 @@ impl Handler<FindSession> for Supervisor {
         let unknown = SupervisorError::UnknownSession {
             session: msg.session.clone(),
         };
-        let on_disk = left_on_disk(self.store(), Some(msg.session.clone()));
+        let on_disk = left_on_disk(self.store(), msg.owner.clone(), Some(msg.session.clone()));
         let supervisor = ctx.address();
         Box::pin(async move {
             if !on_disk.await {

@@ -21,7 +21,7 @@ use pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES;
 
 pub use file::{
     EngineSettings, LimitSettings, LoadContext, Loaded, Origin, PoolSettings, ProactiveSettings,
-    ServerSettings, Settings, StateSettings,
+    ServerSettings, Settings, StateSettings, TokenSettings,
 };
 
 /// How an [`crate::Engine`] runs its workers.

@@ -10,3 +10,5 @@ pub mod systemd;
 mod unix;
 
 pub use daemon::{serve, HttpListen, Listen, Reload, Reloader, ServeOptions};
+pub use http::{HttpAccess, OwnerToken};
+pub use unix::{SocketAccess, UnixServer};

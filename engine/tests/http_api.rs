@@ -10,7 +10,7 @@ use awc::ws;
 use futures::{Sink, SinkExt, Stream, StreamExt};
 use metrics_exporter_prometheus::PrometheusHandle;
 use pyvisor::rpc::Dispatcher;
-use pyvisor::server::http::{install_prometheus, HttpOptions, HttpServer};
+use pyvisor::server::http::{install_prometheus, HttpAccess, HttpOptions, HttpServer};
 use pyvisor::{Engine, EngineConfig, PoolConfig, SessionLimits, StateConfig};
 use pyvisor_actors::metrics as names;
 use serde_json::{json, Value};
@@ -65,6 +65,7 @@ async fn start_with(token: Option<&'static str>) -> Server {
     let options = HttpOptions {
         addr: "127.0.0.1:0".parse().expect("an address"),
         token: token.map(str::to_owned),
+        access: HttpAccess::default(),
         max_request_bytes: MAX_REQUEST_BYTES,
         max_connections: 64,
         metrics: Some(metrics),
@@ -566,12 +567,13 @@ async fn websocket_answers_input_on_the_same_socket() {
 #[actix_rt::test]
 async fn websocket_message_over_the_limit_gets_an_error_and_a_close() {
     let server = start().await;
-    let mut socket = connect(&server, "any").await;
+    let id = server.create().await;
+    let mut socket = connect(&server, &id).await;
     let code = "a".repeat(MAX_REQUEST_BYTES + 1);
     send(
         &mut socket,
         json!({"jsonrpc": "2.0", "id": 1, "method": "session.execute",
-               "params": {"session_id": "any", "code": code}}),
+               "params": {"session_id": id, "code": code}}),
     )
     .await;
     let error = receive(&mut socket).await;
@@ -589,7 +591,9 @@ async fn websocket_message_over_the_limit_gets_an_error_and_a_close() {
 #[actix_rt::test]
 async fn stop_closes_websockets_and_releases_the_port() {
     let server = start().await;
-    let mut socket = connect(&server, "any").await;
+    // The path must name a live session: a WebSocket is pinned to it.
+    let id = server.create().await;
+    let mut socket = connect(&server, &id).await;
     let addr = server.http.local_addr();
     let engine = server.engine.clone();
     server.stop().await;

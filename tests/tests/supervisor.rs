@@ -95,15 +95,20 @@ async fn a_caller_that_states_an_owner_reaches_only_its_own_sessions() {
     // Stating no owner reaches everything (the embedding program itself).
     assert_eq!(engine.session(bob.id(), None).await.unwrap().id(), bob.id());
 
-    match engine
+    // Names are per owner: alice's "bob-main" is a session of her own, not bob's.
+    let alices = engine
         .create_session(named("bob-main", Some("alice")))
         .await
-    {
-        Err(EngineError::Supervisor(SupervisorError::NameTaken { name })) => {
-            assert_eq!(name, "bob-main")
-        }
-        other => panic!("alice must not attach to bob's session, got {other:?}"),
-    }
+        .unwrap();
+    assert!(!alices.attached());
+    assert_ne!(alices.id(), bob.id());
+    assert_eq!(alices.owner(), Some("alice"));
+    let again = engine
+        .create_session(named("bob-main", Some("bob")))
+        .await
+        .unwrap();
+    assert!(again.attached());
+    assert_eq!(again.id(), bob.id());
 }
 
 #[tokio::test]

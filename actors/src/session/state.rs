@@ -58,28 +58,36 @@ pub struct StateSetup {
 }
 
 impl StateSetup {
-    /// The store key of a session: its name when it has one (a later engine finds its
-    /// checkpoints by that name), else its id, which no later engine knows.
-    pub fn key_for(name: Option<&str>, session_id: &str) -> String {
+    /// The store key of a session: its owner and name when it has a name (a later engine
+    /// finds its checkpoints by them), else its id, which no later engine knows.
+    pub fn key_for(owner: Option<&str>, name: Option<&str>, session_id: &str) -> String {
         match name {
-            Some(name) => Self::named_key(name),
+            Some(name) => Self::named_key(owner, name),
             None => format!("id:{session_id}"),
         }
     }
 
-    /// The store key of the session named `name`.
-    pub fn named_key(name: &str) -> String {
-        format!("{NAMED_KEY_PREFIX}{name}")
+    /// The store key of the session `owner` named `name`. The owner is part of the key, so
+    /// it is persisted with every checkpoint (the envelope holds the key) and a name finds
+    /// only its owner's checkpoints; the length keeps `(owner, name)` pairs apart.
+    pub fn named_key(owner: Option<&str>, name: &str) -> String {
+        match owner {
+            None => format!("{NAMED_KEY_PREFIX}{name}"),
+            Some(owner) => format!("{OWNED_KEY_PREFIX}{}:{owner}:{name}", owner.len()),
+        }
     }
 
     /// Whether the session is named, so that its checkpoints may outlive it.
     pub fn named(&self) -> bool {
-        self.key.starts_with(NAMED_KEY_PREFIX)
+        self.key.starts_with(NAMED_KEY_PREFIX) || self.key.starts_with(OWNED_KEY_PREFIX)
     }
 }
 
 /// Prefix of the store keys of named sessions.
 const NAMED_KEY_PREFIX: &str = "name:";
+
+/// Prefix of the store keys of named sessions that have an owner.
+const OWNED_KEY_PREFIX: &str = "owned:";
 
 /// When a session checkpoints by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,5 @@
-//! The registry of live sessions: slotmap keys inside, stable string ids and unique names
-//! outside, and the owner rule (a caller that states an owner sees only that owner's).
+//! The registry of live sessions: slotmap keys inside, stable string ids and names unique per
+//! owner outside, and the owner rule (a caller that states an owner sees only that owner's).
 
 use std::collections::HashMap;
 
@@ -16,13 +16,14 @@ new_key_type! {
 pub(super) struct Registry {
     sessions: SlotMap<SessionKey, SessionHandle>,
     by_id: HashMap<String, SessionKey>,
-    by_name: HashMap<String, SessionKey>,
+    /// Names are per owner: `(owner, name)`; `None` is the namespace of sessions without one.
+    by_name: HashMap<(Option<String>, String), SessionKey>,
 }
 
 impl Registry {
     pub fn insert(&mut self, handle: SessionHandle) {
         let id = handle.session_id.clone();
-        let name = handle.name.clone();
+        let name = handle.name.clone().map(|name| (handle.owner.clone(), name));
         let key = self.sessions.insert(handle);
         self.by_id.insert(id, key);
         if let Some(name) = name {
@@ -34,27 +35,27 @@ impl Registry {
         let key = self.by_id.remove(session_id)?;
         let handle = self.sessions.remove(key)?;
         if let Some(name) = &handle.name {
-            self.by_name.remove(name);
+            self.by_name.remove(&(handle.owner.clone(), name.clone()));
         }
         Some(handle)
     }
 
-    /// The session called `name`, whoever owns it.
-    pub fn named(&self, name: &str) -> Option<&SessionHandle> {
+    /// The session `owner` called `name` (`None`: the sessions without an owner).
+    pub fn named(&self, owner: Option<&str>, name: &str) -> Option<&SessionHandle> {
         self.by_name
-            .get(name)
+            .get(&(owner.map(str::to_owned), name.to_owned()))
             .and_then(|key| self.sessions.get(*key))
     }
 
-    /// The session with id (or else name) `session`, if `owner` may reach it.
+    /// The session with id `session` if `owner` may reach it, else the one `owner` named
+    /// `session`.
     pub fn find(&self, session: &str, owner: Option<&str>) -> Option<&SessionHandle> {
-        let key = self
+        let by_id = self
             .by_id
             .get(session)
-            .or_else(|| self.by_name.get(session))?;
-        self.sessions
-            .get(*key)
-            .filter(|handle| reachable(handle, owner))
+            .and_then(|key| self.sessions.get(*key))
+            .filter(|handle| reachable(handle, owner));
+        by_id.or_else(|| self.named(owner, session))
     }
 
     /// Every session `owner` may reach, oldest first.

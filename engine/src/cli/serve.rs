@@ -48,6 +48,17 @@ pub async fn run(args: ServeArgs) -> u8 {
         }
         settings.server.http = http;
     }
+    let access = settings
+        .server
+        .socket_access()
+        .and_then(|socket| Ok((socket, settings.server.http_access()?)));
+    let (socket_access, http_access) = match access {
+        Ok(access) => access,
+        Err(err) => {
+            eprintln!("pyvisor: {err}");
+            return EXIT_USAGE;
+        }
+    };
     let listen = if args.stdio {
         Listen::Stdio
     } else {
@@ -56,6 +67,7 @@ pub async fn run(args: ServeArgs) -> u8 {
     let options = ServeOptions {
         engine: settings.engine_config(),
         listen,
+        socket_access,
         max_request_bytes: settings.server.max_request_bytes,
         max_connections: settings.server.max_connections,
         shutdown_grace: settings.shutdown_grace(),
@@ -63,6 +75,7 @@ pub async fn run(args: ServeArgs) -> u8 {
         http: settings.http_addr().map(|addr| HttpListen {
             addr,
             token: settings.token().map(str::to_owned),
+            access: http_access,
         }),
         limit_ceilings: settings.limits.max.clone(),
     };

@@ -28,8 +28,10 @@ use crate::errors::ConfigError;
 
 mod limits;
 mod proactive;
+mod server;
 pub use limits::{LimitCeilings, LimitSettings};
 pub use proactive::ProactiveSettings;
+pub use server::{ServerSettings, TokenSettings};
 
 /// The variable that names a config file, second in the search order.
 const CONFIG_VAR: &str = "PYVISOR_CONFIG";
@@ -55,47 +57,6 @@ pub struct Settings {
     pub limits: LimitSettings,
     pub state: StateSettings,
     pub proactive: ProactiveSettings,
-}
-
-/// `[server]`: how the daemon listens and runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServerSettings {
-    /// Unix socket path; empty for the default (see [`Settings::socket_path`]).
-    pub socket: PathBuf,
-    /// HTTP listen address such as `127.0.0.1:8787`; empty for no HTTP server.
-    pub http: String,
-    /// Bearer token required on every HTTP request; empty for none.
-    pub token: String,
-    /// Longest JSON-RPC request line accepted.
-    pub max_request_bytes: usize,
-    /// Connections held at once per listener: more are refused on the socket, wait on HTTP.
-    pub max_connections: usize,
-    /// How long running executions may finish after SIGTERM, in seconds.
-    pub shutdown_grace_s: f64,
-    /// The daemon's PID file; empty for `pyvisor.pid` beside the socket.
-    pub pid_file: PathBuf,
-    /// Where `pyvisor daemon start` sends the daemon's stderr; empty for `pyvisor.log` beside
-    /// the socket.
-    pub log_file: PathBuf,
-    /// Send `WATCHDOG=1` when systemd sets `WATCHDOG_USEC`.
-    pub watchdog: bool,
-}
-
-impl Default for ServerSettings {
-    fn default() -> Self {
-        Self {
-            socket: PathBuf::new(),
-            http: String::new(),
-            token: String::new(),
-            max_request_bytes: 16 * 1024 * 1024,
-            max_connections: 1024,
-            shutdown_grace_s: 30.0,
-            pid_file: PathBuf::new(),
-            log_file: PathBuf::new(),
-            watchdog: true,
-        }
-    }
 }
 
 /// `[engine]`: how workers are started (see [`EngineConfig`]).
@@ -353,12 +314,7 @@ impl Settings {
                 ),
             ));
         }
-        if server.token.chars().any(char::is_whitespace) {
-            return Err(("server.token", "must not contain whitespace".into()));
-        }
-        at_least("server.max_request_bytes", server.max_request_bytes, 1024)?;
-        at_least("server.max_connections", server.max_connections, 1)?;
-        seconds("server.shutdown_grace_s", server.shutdown_grace_s, true)?;
+        server.validate()?;
         if engine.python.is_empty() {
             return Err(("engine.python", "must not be empty".into()));
         }

@@ -10,14 +10,14 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use pyvisor_actors::session::SessionPhase;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::caller::Caller;
 use super::errors::RpcError;
 use super::limits::LimitPolicy;
 use super::outbound::Outbound;
+use super::params::{check_name, decode, decode_or_default, encode, no_params, take_owner};
 use super::wire::{self, method, notification};
 use crate::{
     Engine, EngineError, ExecuteRequest, ExecutionEvent, Session, SessionError, SessionOptions,
@@ -31,9 +31,9 @@ pub struct Dispatcher {
     limits: RwLock<LimitPolicy>,
     started: Instant,
     stopping: AtomicBool,
-    /// Sessions looked up before, by the id or name the client used: saves the
-    /// supervisor a message on every call.
-    sessions: Mutex<HashMap<String, Session>>,
+    /// Sessions looked up before, by the owner scope and the id or name the client used:
+    /// saves the supervisor a message on every call.
+    sessions: Mutex<HashMap<(Option<String>, String), Session>>,
 }
 
 impl Dispatcher {
@@ -72,26 +72,38 @@ impl Dispatcher {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Runs `method` with `params`. Notifications a streaming execution produces go to
-    /// `out` before this returns.
+    /// Runs `method` with `params` for `caller`. Notifications a streaming execution
+    /// produces go to `out` before this returns.
     pub async fn call(
         &self,
+        caller: &Caller,
         method: &str,
-        params: Option<Value>,
+        mut params: Option<Value>,
         out: &Outbound,
     ) -> Result<Box<RawValue>, RpcError> {
+        let is_session_method = !matches!(method, method::STATS | method::HEALTH);
+        // Every session method takes `owner`; whom the call may reach follows from it.
+        let scope = if is_session_method {
+            caller.scope(take_owner(&mut params)?.as_deref())?
+        } else {
+            None
+        };
+        let at = Scope {
+            caller,
+            owner: scope,
+        };
         match method {
-            method::CREATE => encode(self.create(decode_or_default(params)?).await?),
-            method::EXECUTE => encode(self.execute(decode(params)?, out).await?),
-            method::INPUT => encode(self.input(decode(params)?).await?),
-            method::INTERRUPT => encode(self.interrupt(decode(params)?).await?),
-            method::CHECKPOINT => encode(self.checkpoint(decode(params)?).await?),
-            method::RESTORE => encode(self.restore(decode(params)?).await?),
-            method::CHECKPOINTS => encode(self.checkpoints(decode(params)?).await?),
-            method::INFO => encode(self.info(decode(params)?).await?),
-            method::LIST => encode(self.list(decode_or_default(params)?).await?),
-            method::CLOSE => encode(self.close(decode(params)?).await?),
-            method::HINT => encode(self.hint(decode(params)?).await?),
+            method::CREATE => encode(self.create(&at, decode_or_default(params)?).await?),
+            method::EXECUTE => encode(self.execute(&at, decode(params)?, out).await?),
+            method::INPUT => encode(self.input(&at, decode(params)?).await?),
+            method::INTERRUPT => encode(self.interrupt(&at, decode(params)?).await?),
+            method::CHECKPOINT => encode(self.checkpoint(&at, decode(params)?).await?),
+            method::RESTORE => encode(self.restore(&at, decode(params)?).await?),
+            method::CHECKPOINTS => encode(self.checkpoints(&at, decode(params)?).await?),
+            method::INFO => encode(self.info(&at, decode(params)?).await?),
+            method::LIST => encode(self.list(&at, decode_or_default(params)?).await?),
+            method::CLOSE => encode(self.close(&at, decode(params)?).await?),
+            method::HINT => encode(self.hint(&at, decode(params)?).await?),
             method::STATS => {
                 no_params(params)?;
                 encode(self.stats().await?)
@@ -104,7 +116,25 @@ impl Dispatcher {
         }
     }
 
-    async fn create(&self, params: wire::CreateParams) -> Result<wire::Created, RpcError> {
+    /// The id of the session `key` names for `caller` (a WebSocket's path); another owner's
+    /// session is unknown, like a missing one.
+    pub async fn resolve(&self, caller: &Caller, key: &str) -> Result<String, RpcError> {
+        let at = Scope {
+            caller,
+            owner: caller.scope(None)?,
+        };
+        Ok(self.session(&at, key).await?.id().to_owned())
+    }
+
+    async fn create(
+        &self,
+        at: &Scope<'_>,
+        params: wire::CreateParams,
+    ) -> Result<wire::Created, RpcError> {
+        at.unpinned()?;
+        if let Some(name) = &params.name {
+            check_name(name)?;
+        }
         let python = match params.python.as_deref() {
             Some(python) => Some(
                 self.engine
@@ -127,7 +157,7 @@ impl Dispatcher {
         );
         let options = SessionOptions {
             name: params.name,
-            owner: params.owner,
+            owner: at.owner.clone(),
             python,
             cwd: params.cwd.map(PathBuf::from),
             env: params.env.unwrap_or_default().into_iter().collect(),
@@ -151,12 +181,13 @@ impl Dispatcher {
             attached: session.attached(),
             restored: session.restored(),
         };
-        self.remember(&created.session_id, session);
+        self.remember(&at.owner, &created.session_id, session);
         Ok(created)
     }
 
     async fn execute(
         &self,
+        at: &Scope<'_>,
         params: wire::ExecuteParams,
         out: &Outbound,
     ) -> Result<wire::ExecutionResult, RpcError> {
@@ -170,15 +201,15 @@ impl Dispatcher {
         request.queue = params.queue.unwrap_or(true);
         request.cache = params.cache.unwrap_or(true);
         request.input = params.stream;
-        let session = self.session(&params.session_id).await?;
+        let session = self.session(at, &params.session_id).await?;
         if !params.stream {
             return session.run(request).await.map_err(|err| {
-                self.forget_if_closed(&params.session_id, &err);
+                self.forget_if_closed(&err);
                 RpcError::from(err)
             });
         }
         let mut execution = session.execute(request).await.map_err(|err| {
-            self.forget_if_closed(&params.session_id, &err);
+            self.forget_if_closed(&err);
             RpcError::from(err)
         })?;
         let session_id = session.id().to_owned();
@@ -223,25 +254,38 @@ impl Dispatcher {
         Err(EngineError::Stopped.into())
     }
 
-    async fn input(&self, params: wire::InputParams) -> Result<wire::Empty, RpcError> {
-        let session = self.session(&params.session_id).await?;
+    async fn input(
+        &self,
+        at: &Scope<'_>,
+        params: wire::InputParams,
+    ) -> Result<wire::Empty, RpcError> {
+        let session = self.session(at, &params.session_id).await?;
         session
             .send_input(&params.execution_id, params.value)
             .await?;
         Ok(wire::Empty {})
     }
 
-    async fn interrupt(&self, params: wire::SessionRef) -> Result<wire::Interrupted, RpcError> {
-        let session = self.session(&params.session_id).await?;
+    async fn interrupt(
+        &self,
+        at: &Scope<'_>,
+        params: wire::SessionRef,
+    ) -> Result<wire::Interrupted, RpcError> {
+        let session = self.session(at, &params.session_id).await?;
         let interrupted = session.interrupt().await?;
         Ok(wire::Interrupted { interrupted })
     }
 
     async fn checkpoint(
         &self,
+        at: &Scope<'_>,
         params: wire::SessionRef,
     ) -> Result<wire::CheckpointTaken, RpcError> {
-        let summary = self.session(&params.session_id).await?.checkpoint().await?;
+        let summary = self
+            .session(at, &params.session_id)
+            .await?
+            .checkpoint()
+            .await?;
         Ok(wire::CheckpointTaken {
             checkpoint_id: summary.checkpoint_id,
             bytes: summary.bytes,
@@ -252,8 +296,12 @@ impl Dispatcher {
         })
     }
 
-    async fn restore(&self, params: wire::RestoreParams) -> Result<wire::Restored, RpcError> {
-        let session = self.session(&params.session_id).await?;
+    async fn restore(
+        &self,
+        at: &Scope<'_>,
+        params: wire::RestoreParams,
+    ) -> Result<wire::Restored, RpcError> {
+        let session = self.session(at, &params.session_id).await?;
         let summary = session.restore(params.checkpoint_id.as_deref()).await?;
         Ok(wire::Restored {
             checkpoint_id: summary.checkpoint_id,
@@ -265,9 +313,10 @@ impl Dispatcher {
 
     async fn checkpoints(
         &self,
+        at: &Scope<'_>,
         params: wire::SessionRef,
     ) -> Result<Vec<wire::CheckpointEntry>, RpcError> {
-        let session = self.session(&params.session_id).await?;
+        let session = self.session(at, &params.session_id).await?;
         let checkpoints = session.checkpoints().await?;
         Ok(checkpoints
             .into_iter()
@@ -291,24 +340,38 @@ impl Dispatcher {
             .collect())
     }
 
-    async fn info(&self, params: wire::SessionRef) -> Result<wire::SessionInfo, RpcError> {
-        let session = self.session(&params.session_id).await?;
+    async fn info(
+        &self,
+        at: &Scope<'_>,
+        params: wire::SessionRef,
+    ) -> Result<wire::SessionInfo, RpcError> {
+        let session = self.session(at, &params.session_id).await?;
         session_info(&session).await.map_err(|err| {
-            self.forget_if_closed(&params.session_id, &err);
+            self.forget_if_closed(&err);
             RpcError::from(err)
         })
     }
 
-    async fn list(&self, params: wire::ListParams) -> Result<Vec<wire::SessionInfo>, RpcError> {
-        let sessions = self.engine.sessions(params.owner.as_deref()).await?;
+    /// `params.owner` was taken out by [`Dispatcher::call`] into the scope.
+    async fn list(
+        &self,
+        at: &Scope<'_>,
+        _params: wire::ListParams,
+    ) -> Result<Vec<wire::SessionInfo>, RpcError> {
+        at.unpinned()?;
+        let sessions = self.engine.sessions(at.owner.as_deref()).await?;
         let infos = futures::future::join_all(sessions.iter().map(session_info)).await;
         // A session closed between the listing and its info is no longer in the list.
         Ok(infos.into_iter().filter_map(Result::ok).collect())
     }
 
-    async fn close(&self, params: wire::CloseParams) -> Result<wire::Empty, RpcError> {
-        let session = self.session(&params.session_id).await?;
-        self.forget(&params.session_id, session.id());
+    async fn close(
+        &self,
+        at: &Scope<'_>,
+        params: wire::CloseParams,
+    ) -> Result<wire::Empty, RpcError> {
+        let session = self.session(at, &params.session_id).await?;
+        self.forget(session.id());
         if params.checkpoint {
             session.close_with_checkpoint().await?;
         } else {
@@ -329,7 +392,11 @@ impl Dispatcher {
         })
     }
 
-    async fn hint(&self, params: wire::HintParams) -> Result<wire::Hinted, RpcError> {
+    async fn hint(
+        &self,
+        at: &Scope<'_>,
+        params: wire::HintParams,
+    ) -> Result<wire::Hinted, RpcError> {
         const MAX_HINTS: usize = 64;
         const MAX_HINT_BYTES: usize = 64 * 1024;
         if params.code.len() > MAX_HINTS {
@@ -344,7 +411,7 @@ impl Dispatcher {
                 long.len()
             )));
         }
-        let session = self.session(&params.session_id).await?;
+        let session = self.session(at, &params.session_id).await?;
         let accepted = session.hint(params.code).await?;
         Ok(wire::Hinted { accepted })
     }
@@ -357,46 +424,75 @@ impl Dispatcher {
         }
     }
 
-    /// The session `key` names (an id or a name), from the cache or the engine.
-    async fn session(&self, key: &str) -> Result<Session, RpcError> {
-        if let Some(session) = self.cached(key) {
-            return Ok(session);
+    /// The session `key` names (an id or a name) within the caller's scope, from the
+    /// cache or the engine. Another owner's session is unknown, exactly like a missing one.
+    async fn session(&self, at: &Scope<'_>, key: &str) -> Result<Session, RpcError> {
+        let session = match self.cached(&at.owner, key) {
+            Some(session) => session,
+            None => {
+                let session = self.engine.session(key, at.owner.as_deref()).await?;
+                self.remember(&at.owner, key, session.clone());
+                session
+            }
+        };
+        if let Some(pinned) = at.caller.pinned() {
+            if session.id() != pinned {
+                return Err(RpcError::invalid_params(format!(
+                    "session_id: this WebSocket serves session {pinned} only"
+                )));
+            }
         }
-        let session = self.engine.session(key, None).await?;
-        self.remember(key, session.clone());
         Ok(session)
     }
 
-    fn cached(&self, key: &str) -> Option<Session> {
+    fn cached(&self, owner: &Option<String>, key: &str) -> Option<Session> {
         let sessions = self
             .sessions
             .lock()
             .expect("session cache lock is never poisoned");
-        sessions.get(key).cloned()
+        sessions.get(&(owner.clone(), key.to_owned())).cloned()
     }
 
-    fn remember(&self, key: &str, session: Session) {
+    fn remember(&self, owner: &Option<String>, key: &str, session: Session) {
         let mut sessions = self
             .sessions
             .lock()
             .expect("session cache lock is never poisoned");
-        sessions.insert(key.to_owned(), session);
+        sessions.insert((owner.clone(), key.to_owned()), session);
     }
 
-    /// Drops every cache entry of the session `key` resolved to.
-    fn forget(&self, key: &str, session_id: &str) {
+    /// Drops every cache entry of the session `session_id`, whatever key found it.
+    fn forget(&self, session_id: &str) {
         let mut sessions = self
             .sessions
             .lock()
             .expect("session cache lock is never poisoned");
-        sessions.remove(key);
         sessions.retain(|_, session| session.id() != session_id);
     }
 
     /// A handle that answers `Closed` belongs to a closed session: look it up anew next time.
-    fn forget_if_closed(&self, key: &str, err: &EngineError) {
+    fn forget_if_closed(&self, err: &EngineError) {
         if let EngineError::Session(SessionError::Closed { session_id }) = err {
-            self.forget(key, session_id);
+            self.forget(session_id);
+        }
+    }
+}
+
+/// Who a call is for: the caller, and the owner whose sessions it reaches (`None`: an admin
+/// who named nobody reaches every session).
+struct Scope<'a> {
+    caller: &'a Caller,
+    owner: Option<String>,
+}
+
+impl Scope<'_> {
+    /// Refuses a method that is not about the pinned session (a WebSocket's).
+    fn unpinned(&self) -> Result<(), RpcError> {
+        match self.caller.pinned() {
+            Some(pinned) => Err(RpcError::invalid_request(format!(
+                "this WebSocket serves session {pinned} only"
+            ))),
+            None => Ok(()),
         }
     }
 }
@@ -452,45 +548,4 @@ fn phase_name(phase: SessionPhase) -> &'static str {
         SessionPhase::Closing => "closing",
         SessionPhase::Closed => "closed",
     }
-}
-
-/// A duration from a number of seconds in a request; `field` names it in the error.
-fn decode<T: DeserializeOwned>(params: Option<Value>) -> Result<T, RpcError> {
-    let params = params.unwrap_or(Value::Null);
-    if !params.is_object() {
-        return Err(RpcError::invalid_params("expected an object"));
-    }
-    // The path names the field in the message, e.g. "limits.memory_mb: invalid type".
-    serde_path_to_error::deserialize(params).map_err(|err| {
-        let path = err.path().to_string();
-        let inner = err.into_inner();
-        if path == "." {
-            RpcError::invalid_params(inner)
-        } else {
-            RpcError::invalid_params(format!("{path}: {inner}"))
-        }
-    })
-}
-
-/// Like [`decode`], for methods whose params are all optional: absent params are defaults.
-fn decode_or_default<T: DeserializeOwned + Default>(params: Option<Value>) -> Result<T, RpcError> {
-    match params {
-        None | Some(Value::Null) => Ok(T::default()),
-        Some(params) => decode(Some(params)),
-    }
-}
-
-fn no_params(params: Option<Value>) -> Result<(), RpcError> {
-    match params {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Object(map)) if map.is_empty() => Ok(()),
-        Some(Value::Array(list)) if list.is_empty() => Ok(()),
-        Some(_) => Err(RpcError::invalid_params("this method takes no params")),
-    }
-}
-
-/// The result as JSON text, serialized once: a response embeds it as it is.
-fn encode<T: Serialize>(value: T) -> Result<Box<RawValue>, RpcError> {
-    serde_json::value::to_raw_value(&value)
-        .map_err(|err| RpcError::new(super::errors::code::INTERNAL_ERROR, err.to_string()))
 }

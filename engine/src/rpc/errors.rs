@@ -73,6 +73,14 @@ impl RpcError {
             "unauthorized: a valid bearer token is required",
         )
     }
+
+    /// A caller naming an owner it may not act for.
+    pub fn not_your_owner(owner: &str) -> Self {
+        Self::new(
+            code::UNAUTHORIZED,
+            format!("unauthorized: this caller may not act for owner {owner:?}"),
+        )
+    }
 }
 
 impl From<&EngineError> for RpcError {
@@ -124,7 +132,6 @@ fn supervisor_code(err: &SupervisorError) -> i64 {
         }
         SupervisorError::Pool(_) => code::ENGINE_ERROR,
         SupervisorError::UnknownSession { .. } => code::UNKNOWN_SESSION,
-        SupervisorError::NameTaken { .. } => code::UNAUTHORIZED,
         SupervisorError::TooManySessions { .. } => code::LIMIT_EXCEEDED,
         _ => code::ENGINE_ERROR,
     }
@@ -176,10 +183,6 @@ mod tests {
                 }
                 .into(),
                 code::CHECKPOINT_NOT_FOUND,
-            ),
-            (
-                SupervisorError::NameTaken { name: "n".into() }.into(),
-                code::UNAUTHORIZED,
             ),
         ];
         for (err, expected) in cases {

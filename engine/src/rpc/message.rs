@@ -6,23 +6,30 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::caller::Caller;
 use super::dispatch::Dispatcher;
 use super::errors::RpcError;
 use super::outbound::Outbound;
+use super::strict_json::{self, duplicate_message, Checked};
 
-/// Handles the message `text` (UTF-8 JSON); returns the response to send, if any.
-/// Notifications a streaming execution produces go to `out` before this returns.
-pub async fn respond(dispatcher: &Dispatcher, text: &[u8], out: &Outbound) -> Option<String> {
+/// Handles the message `text` (UTF-8 JSON) from `caller`; returns the response to send, if
+/// any. Notifications a streaming execution produces go to `out` before this returns.
+pub async fn respond(
+    dispatcher: &Dispatcher,
+    caller: &Caller,
+    text: &[u8],
+    out: &Outbound,
+) -> Option<String> {
     match parse(text) {
         Message::Invalid(error) => Some(error_text(&Value::Null, error)),
-        Message::Single(request) => respond_one(dispatcher, request, out)
+        Message::Single(request) => respond_one(dispatcher, caller, request, out)
             .await
             .map(|reply| serde_json::to_string(&reply).expect("replies are plain JSON values")),
         Message::Batch(batch) => {
             let replies = join_all(
                 batch
                     .into_iter()
-                    .map(|request| respond_one(dispatcher, request, out)),
+                    .map(|request| respond_one(dispatcher, caller, request, out)),
             )
             .await;
             let replies: Vec<Reply> = replies.into_iter().flatten().collect();
@@ -46,13 +53,18 @@ enum Message {
 /// Parses one message; never fails, whatever the bytes: what is wrong becomes the error
 /// its response carries.
 fn parse(text: &[u8]) -> Message {
-    match serde_json::from_slice(text) {
+    match strict_json::parse_message(text) {
         Err(err) => Message::Invalid(RpcError::parse_error(err)),
-        Ok(Value::Array(batch)) if batch.is_empty() => {
+        Ok(strict_json::Message::Batch(batch)) if batch.is_empty() => {
             Message::Invalid(RpcError::invalid_request("empty batch"))
         }
-        Ok(Value::Array(batch)) => Message::Batch(batch.into_iter().map(validate).collect()),
-        Ok(request) => Message::Single(validate(request)),
+        Ok(strict_json::Message::Batch(batch)) => {
+            Message::Batch(batch.into_iter().map(validate).collect())
+        }
+        Ok(strict_json::Message::Object(request)) => Message::Single(validate(request)),
+        Ok(strict_json::Message::Other) => {
+            Message::Single(Err(RpcError::invalid_request("expected a request object")))
+        }
     }
 }
 
@@ -86,16 +98,19 @@ struct Reply {
     id: Value,
 }
 
-/// A request as JSON-RPC 2.0 defines it; `id` is `None` for a notification.
+/// A request as JSON-RPC 2.0 defines it; `id` is `None` for a notification. Params with a
+/// duplicate key are answered with `params_error` instead of running the method.
 #[derive(Debug)]
 struct Request {
     id: Option<Value>,
     method: String,
     params: Option<Value>,
+    params_error: Option<RpcError>,
 }
 
 async fn respond_one(
     dispatcher: &Dispatcher,
+    caller: &Caller,
     request: Result<Request, RpcError>,
     out: &Outbound,
 ) -> Option<Reply> {
@@ -110,7 +125,14 @@ async fn respond_one(
             })
         }
     };
-    let outcome = dispatcher.call(&request.method, request.params, out).await;
+    let outcome = match request.params_error {
+        Some(error) => Err(error),
+        None => {
+            dispatcher
+                .call(caller, &request.method, request.params, out)
+                .await
+        }
+    };
     let id = request.id?;
     Some(match outcome {
         Ok(result) => Reply {
@@ -129,9 +151,19 @@ async fn respond_one(
 }
 
 /// Checks the envelope of one request object.
-fn validate(request: Value) -> Result<Request, RpcError> {
-    let Value::Object(mut request) = request else {
+fn validate(request: Checked) -> Result<Request, RpcError> {
+    let request_duplicate = request.duplicate;
+    let Value::Object(mut request) = request.value else {
         return Err(RpcError::invalid_request("expected a request object"));
+    };
+    // A duplicate inside params is the params' fault, answered with the request's id.
+    let params_error = match request_duplicate.as_deref() {
+        None => None,
+        Some(path) if path.starts_with("params.") || path.starts_with("params[") => {
+            let field = path.strip_prefix("params.").unwrap_or(path);
+            Some(RpcError::invalid_params(duplicate_message(field)))
+        }
+        Some(path) => return Err(RpcError::invalid_request(duplicate_message(path))),
     };
     if request.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err(RpcError::invalid_request("jsonrpc must be \"2.0\""));
@@ -158,7 +190,12 @@ fn validate(request: Value) -> Result<Request, RpcError> {
             ))
         }
     };
-    Ok(Request { id, method, params })
+    Ok(Request {
+        id,
+        method,
+        params,
+        params_error,
+    })
 }
 
 #[cfg(test)]
@@ -207,6 +244,29 @@ mod tests {
         }
         assert!(matches!(parse(b"[]"), Message::Invalid(e) if e.code == -32600));
         assert!(matches!(parse(b"{"), Message::Invalid(e) if e.code == -32700));
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_naming_the_key() {
+        let request = single(
+            r#"{"jsonrpc":"2.0","id":1,"method":"session.info",
+                "params":{"session_id":"a","session_id":"b"}}"#,
+        )
+        .expect("the envelope itself is fine");
+        let err = request.params_error.expect("the params are refused");
+        assert_eq!(err.code, super::super::code::INVALID_PARAMS);
+        assert!(
+            err.message.contains("session_id: duplicate key"),
+            "{}",
+            err.message
+        );
+        let err = single(r#"{"jsonrpc":"2.0","id":1,"method":"a","method":"b"}"#).unwrap_err();
+        assert_eq!(err.code, super::super::code::INVALID_REQUEST);
+        assert!(
+            err.message.contains("method: duplicate key"),
+            "{}",
+            err.message
+        );
     }
 
     /// Arbitrary JSON values, to reach the envelope checks more often than random bytes do.

@@ -15,7 +15,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::rpc::framing::{Frame, LineReader};
-use crate::rpc::{self, Dispatcher, Outbound, OutboundQueue, OUTBOUND_CAPACITY};
+use crate::rpc::{self, Caller, Dispatcher, Outbound, OutboundQueue, OUTBOUND_CAPACITY};
 
 /// Requests of one connection running at once; the next line is read when one ends.
 pub const MAX_IN_FLIGHT: usize = 256;
@@ -23,10 +23,11 @@ pub const MAX_IN_FLIGHT: usize = 256;
 /// How long a write may make no progress before the connection is dropped.
 pub const WRITE_STALL: Duration = Duration::from_secs(30);
 
-/// Serves one connection until the peer closes its side and every answer is written, the
-/// peer stops reading for [`WRITE_STALL`], or `shutdown` turns true.
+/// Serves one connection of `caller` until the peer closes its side and every answer is
+/// written, the peer stops reading for [`WRITE_STALL`], or `shutdown` turns true.
 pub async fn serve_connection<R, W>(
     dispatcher: Arc<Dispatcher>,
+    caller: Caller,
     reader: R,
     writer: W,
     max_request_bytes: usize,
@@ -40,6 +41,7 @@ pub async fn serve_connection<R, W>(
     let mut lines = LineReader::new(reader, max_request_bytes);
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let mut requests = JoinSet::new();
+    let caller = Arc::new(caller);
     loop {
         let frame = tokio::select! {
             frame = lines.next() => frame,
@@ -67,9 +69,10 @@ pub async fn serve_connection<R, W>(
             break;
         };
         let dispatcher = dispatcher.clone();
+        let caller = caller.clone();
         let out = out.clone();
         requests.spawn(async move {
-            if let Some(reply) = rpc::respond(&dispatcher, &line, &out).await {
+            if let Some(reply) = rpc::respond(&dispatcher, &caller, &line, &out).await {
                 out.send(reply).await;
             }
             drop(permit);

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use super::http::{install_prometheus, HttpOptions, HttpServer};
 use super::stdio::serve_stdio;
 use super::systemd;
-use super::unix::UnixServer;
+use super::unix::{SocketAccess, UnixServer};
 use crate::config::LimitCeilings;
 use crate::errors::ServeError;
 use crate::rpc::{Dispatcher, LimitPolicy};
@@ -39,6 +39,8 @@ pub enum Listen {
 pub struct ServeOptions {
     pub engine: EngineConfig,
     pub listen: Listen,
+    /// Who may use the socket, and as whom.
+    pub socket_access: SocketAccess,
     pub max_request_bytes: usize,
     pub max_connections: usize,
     /// How long running executions may finish after SIGTERM.
@@ -55,8 +57,10 @@ pub struct ServeOptions {
 #[derive(Debug, Clone)]
 pub struct HttpListen {
     pub addr: SocketAddr,
-    /// The bearer token every request must carry, if any.
+    /// The admin token, if any.
     pub token: Option<String>,
+    /// Owner tokens, allowed origins and hosts, the request timeout.
+    pub access: super::HttpAccess,
 }
 
 /// The settings a SIGHUP applies to the running daemon.
@@ -82,7 +86,7 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
     };
     // Bind before starting workers, so a second daemon fails fast and starts nothing.
     let listener = match &options.listen {
-        Listen::Socket(path) => Some(UnixServer::bind(path).await?),
+        Listen::Socket(path) => Some(UnixServer::bind(path, options.socket_access.group).await?),
         Listen::Stdio => None,
     };
     let engine = Engine::start(options.engine)
@@ -97,12 +101,13 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
         tracing::info!(socket = %listener.path().display(), "serving JSON-RPC");
         let listener = listener.clone();
         let dispatcher = dispatcher.clone();
+        let access = Arc::new(options.socket_access.clone());
         let stop = stop_rx.clone();
         let (max_request_bytes, max_connections) =
             (options.max_request_bytes, options.max_connections);
         serving.spawn(async move {
             listener
-                .serve(dispatcher, max_request_bytes, max_connections, stop)
+                .serve(dispatcher, access, max_request_bytes, max_connections, stop)
                 .await;
         });
     }
@@ -197,6 +202,7 @@ fn start_http(
     let options = HttpOptions {
         addr: listen.addr,
         token: listen.token,
+        access: listen.access,
         max_request_bytes,
         max_connections,
         metrics,

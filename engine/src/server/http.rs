@@ -1,12 +1,14 @@
 //! The HTTP transport of SPEC.md §3: REST routes that map onto the [`Dispatcher`]'s
 //! methods, a WebSocket route that speaks the JSON-RPC of §2, `/metrics`, `/healthz`,
-//! `/readyz`, and bearer-token auth in front of all of them.
+//! `/readyz`, and in front of all of them the guards of `guard`: `Host` and `Origin`
+//! checks, bearer-token auth that tells who the caller is, and JSON-only bodies.
 //!
 //! [`HttpServer::start`] runs actix-web on an actix System on a thread of its own, so the
 //! rest of the daemon may use any runtime. actix-server's own signal handling is off: the
 //! daemon decides when to stop and calls [`HttpServer::stop`]. The REST handlers live in
 //! `routes`, the WebSocket connection in `ws`.
 
+mod guard;
 mod routes;
 mod ws;
 
@@ -17,17 +19,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use actix_web::body::MessageBody;
-use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
-use actix_web::http::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
+use actix_web::dev::ServerHandle;
 use actix_web::http::StatusCode;
-use actix_web::middleware::{from_fn, Next};
+use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpResponse, ResponseError};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 
 use crate::rpc::{code, Dispatcher, RpcError};
+
+pub use guard::{HttpAccess, OwnerToken};
 
 /// Worker threads of the HTTP server; the engine does the heavy lifting elsewhere.
 const WORKERS: usize = 2;
@@ -56,8 +58,12 @@ const BYTES_BUCKETS: &[f64] = &[
 pub struct HttpOptions {
     /// Where to listen (port 0 picks a free one).
     pub addr: SocketAddr,
-    /// When set, every request needs `Authorization: Bearer <token>`.
+    /// The admin token (`server.token`). With it or owner tokens set, every request needs
+    /// `Authorization: Bearer <token>`; with neither, every caller is an admin and the
+    /// address must be a loopback one.
     pub token: Option<String>,
+    /// Owner tokens, allowed origins and hosts, and the request timeout.
+    pub access: HttpAccess,
     /// Largest request body or WebSocket message.
     pub max_request_bytes: usize,
     /// Connections held at once, over all workers; more wait in the listen backlog.
@@ -83,6 +89,7 @@ pub struct HttpServer {
 struct State {
     dispatcher: Arc<Dispatcher>,
     token: Option<String>,
+    access: HttpAccess,
     max_request_bytes: usize,
     metrics: Option<PrometheusHandle>,
     ready: Arc<AtomicBool>,
@@ -92,11 +99,27 @@ struct State {
 impl HttpServer {
     /// Binds and starts serving on a thread of its own (an actix System); returns once bound.
     /// The caller's thread waits only for the bind.
+    /// Refuses a non-loopback address without any token.
     pub fn start(dispatcher: Arc<Dispatcher>, options: HttpOptions) -> io::Result<HttpServer> {
+        if !options.addr.ip().is_loopback()
+            && options.token.is_none()
+            && options.access.owner_tokens.is_empty()
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "refusing to serve HTTP on {} without a token: set server.token (or \
+                     [[server.tokens]]), or bind a loopback address such as 127.0.0.1",
+                    options.addr
+                ),
+            ));
+        }
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let request_timeout = options.access.request_timeout;
         let state = web::Data::new(State {
             dispatcher,
             token: options.token,
+            access: options.access,
             max_request_bytes: options.max_request_bytes,
             metrics: options.metrics,
             ready: options.ready,
@@ -109,7 +132,8 @@ impl HttpServer {
             .name("pyvisor-http".into())
             .spawn(move || {
                 let system = actix_rt::System::new();
-                let started = system.block_on(async move { serve(state, addr, max_connections) });
+                let started = system
+                    .block_on(async move { serve(state, addr, max_connections, request_timeout) });
                 let serving = started.is_ok();
                 let _ = bound_tx.send(
                     started.map(|(addr, handle)| (addr, handle, actix_rt::System::current())),
@@ -187,11 +211,12 @@ fn serve(
     state: web::Data<State>,
     addr: SocketAddr,
     max_connections: usize,
+    request_timeout: Duration,
 ) -> io::Result<(SocketAddr, ServerHandle)> {
     let server = actix_web::HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
-            .wrap(from_fn(authorize))
+            .wrap(from_fn(guard::guard))
             .route("/healthz", web::get().to(healthz))
             .route("/readyz", web::get().to(readyz))
             .route("/metrics", web::get().to(metrics))
@@ -199,6 +224,8 @@ fn serve(
             .default_service(web::to(not_found))
     })
     .workers(WORKERS)
+    // A client that trickles its headers is cut off (the body has its own timeout).
+    .client_request_timeout(request_timeout)
     .max_connections(max_connections.div_ceil(WORKERS).max(1))
     .disable_signals()
     .shutdown_timeout(SHUTDOWN_TIMEOUT_S)
@@ -247,14 +274,31 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
 }
 
 /// An [`RpcError`] as an HTTP response: `{"error": {code, message}}` with the status of
-/// [`http_status`].
+/// [`http_status`], or one the guards chose.
 #[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-struct ApiError(#[from] RpcError);
+#[error("{error}")]
+struct ApiError {
+    error: RpcError,
+    status: StatusCode,
+}
+
+impl From<RpcError> for ApiError {
+    fn from(error: RpcError) -> Self {
+        let status = http_status(error.code);
+        Self { error, status }
+    }
+}
+
+impl ApiError {
+    /// `error` answered with `status` rather than the one its code maps to.
+    fn with_status(status: StatusCode, error: RpcError) -> Self {
+        Self { error, status }
+    }
+}
 
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
-        http_status(self.0.code)
+        self.status
     }
 
     fn error_response(&self) -> HttpResponse {
@@ -262,7 +306,7 @@ impl ResponseError for ApiError {
         struct Body<'a> {
             error: &'a RpcError,
         }
-        HttpResponse::build(self.status_code()).json(Body { error: &self.0 })
+        HttpResponse::build(self.status_code()).json(Body { error: &self.error })
     }
 }
 
@@ -279,50 +323,6 @@ fn http_status(code: i64) -> StatusCode {
         code::INVALID_REQUEST | code::INVALID_PARAMS | code::PARSE_ERROR => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
-}
-
-/// Middleware: with a token configured, refuses every request without the right one.
-async fn authorize(
-    req: ServiceRequest,
-    next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let state = req
-        .app_data::<web::Data<State>>()
-        .expect("the App is built with its State");
-    if let Some(token) = state.token.as_deref() {
-        if !bearer_matches(req.headers().get(AUTHORIZATION), token) {
-            let mut response = ApiError(RpcError::unauthorized()).error_response();
-            response
-                .headers_mut()
-                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return Ok(req.into_response(response).map_into_right_body());
-        }
-    }
-    next.call(req)
-        .await
-        .map(ServiceResponse::map_into_left_body)
-}
-
-/// Whether `header` is `Bearer <token>`.
-fn bearer_matches(header: Option<&HeaderValue>, token: &str) -> bool {
-    let Some(value) = header.and_then(|value| value.to_str().ok()) else {
-        return false;
-    };
-    let Some((scheme, credentials)) = value.split_once(' ') else {
-        return false;
-    };
-    scheme.eq_ignore_ascii_case("bearer")
-        && constant_time_eq(credentials.trim().as_bytes(), token.as_bytes())
-}
-
-/// Compares without an early exit, so the time taken says nothing about where the first
-/// difference is (the length is not secret).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let difference = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(difference) == 0
 }
 
 /// `GET /healthz`: the process is alive.
@@ -356,7 +356,7 @@ async fn metrics(state: web::Data<State>) -> Result<HttpResponse, ApiError> {
 
 /// Any other path.
 async fn not_found(req: actix_web::HttpRequest) -> Result<HttpResponse, ApiError> {
-    Err(ApiError(RpcError::new(
+    Err(ApiError::from(RpcError::new(
         code::METHOD_NOT_FOUND,
         format!("no route for {} {}", req.method(), req.path()),
     )))
@@ -386,17 +386,5 @@ mod tests {
         for (code, status) in cases {
             assert_eq!(http_status(code).as_u16(), status, "code {code}");
         }
-    }
-
-    #[test]
-    fn bearer_token_must_match_exactly() {
-        let header = |value: &'static str| HeaderValue::from_static(value);
-        assert!(bearer_matches(Some(&header("Bearer s3cret")), "s3cret"));
-        assert!(bearer_matches(Some(&header("bearer s3cret")), "s3cret"));
-        assert!(!bearer_matches(Some(&header("Bearer s3cre")), "s3cret"));
-        assert!(!bearer_matches(Some(&header("Bearer s3cret!")), "s3cret"));
-        assert!(!bearer_matches(Some(&header("Basic s3cret")), "s3cret"));
-        assert!(!bearer_matches(Some(&header("s3cret")), "s3cret"));
-        assert!(!bearer_matches(None, "s3cret"));
     }
 }

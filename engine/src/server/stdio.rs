@@ -1,6 +1,7 @@
 //! `pyvisor serve --stdio`: the JSON-RPC of the Unix socket on the process's own stdin and
 //! stdout, for a host program that starts pyvisor as its child. Stdout carries nothing but
-//! JSON-RPC messages; logs go to stderr.
+//! JSON-RPC messages; logs go to stderr. The caller is whoever started the process: an
+//! admin.
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use tokio::io::BufReader;
 use tokio::sync::watch;
 
 use super::connection::serve_connection;
-use crate::rpc::Dispatcher;
+use crate::rpc::{Caller, Dispatcher};
 
 /// Serves stdin/stdout as one connection until stdin ends (and every answer is written)
 /// or `shutdown` turns true.
@@ -19,6 +20,7 @@ pub async fn serve_stdio(
 ) {
     serve_connection(
         dispatcher,
+        Caller::admin(),
         BufReader::new(tokio::io::stdin()),
         tokio::io::stdout(),
         max_request_bytes,

@@ -1,13 +1,22 @@
 //! The Unix-socket listener of `pyvisor serve`: creates the socket (mode 0600, in a
-//! directory created 0700, refusing one that another user could tamper with), refuses to take over a socket another daemon still answers on,
-//! replaces a stale one, and serves each accepted connection up to `max_connections`.
+//! directory created 0700, refusing one that another user could tamper with; 0660 and
+//! group-traversable 0710 with `server.socket_group`), refuses to take over a socket another
+//! daemon still answers on, replaces a stale one, and serves each accepted connection up to
+//! `max_connections`.
+//!
+//! Who the caller is comes from the peer's credentials (`SO_PEERCRED`) at accept: root, the
+//! daemon's own user and `server.admin_uids` are admins; any other uid is the owner named
+//! after its user name (`uid:<n>` without a passwd entry); a uid of the workers' range is
+//! refused.
 
 use std::io;
+use std::ops::RangeInclusive;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::sys::stat::{umask, Mode};
+use nix::unistd::{Gid, Uid, User};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
@@ -15,7 +24,45 @@ use tokio::task::JoinSet;
 
 use super::connection::serve_connection;
 use crate::errors::ServeError;
-use crate::rpc::{self, Dispatcher, RpcError};
+use crate::rpc::{self, Caller, Dispatcher, RpcError};
+
+/// Who may use the socket, and as whom.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// Admins besides root and the daemon's own user (`server.admin_uids`).
+    pub admin_uids: Vec<u32>,
+    /// The group whose members may connect (`server.socket_group`): the socket becomes 0660
+    /// with this group, its directory 0710. `None` keeps both private to the daemon's user.
+    pub group: Option<u32>,
+    /// Uids refused at accept: the workers' (`[sandbox] uid_range`), so that session code
+    /// never reaches the engine.
+    pub refused_uids: Option<RangeInclusive<u32>>,
+}
+
+impl SocketAccess {
+    /// The caller a peer with `uid` is, or `None` when it is refused.
+    pub fn caller(&self, uid: u32) -> Option<Caller> {
+        if self
+            .refused_uids
+            .as_ref()
+            .is_some_and(|range| range.contains(&uid))
+        {
+            return None;
+        }
+        if uid == 0 || uid == Uid::effective().as_raw() || self.admin_uids.contains(&uid) {
+            return Some(Caller::admin());
+        }
+        Some(Caller::owner(owner_name(uid)))
+    }
+}
+
+/// The owner a non-admin uid is: its user name, or `uid:<n>` when it has none.
+fn owner_name(uid: u32) -> String {
+    match User::from_uid(Uid::from_raw(uid)) {
+        Ok(Some(user)) => user.name,
+        _ => format!("uid:{uid}"),
+    }
+}
 
 /// A bound socket, removed from the file system when dropped.
 pub struct UnixServer {
@@ -25,8 +72,9 @@ pub struct UnixServer {
 
 impl UnixServer {
     /// Binds `path`: creates missing parent directories with mode 0700, removes a stale
-    /// socket file, and makes the socket 0600.
-    pub async fn bind(path: &Path) -> Result<UnixServer, ServeError> {
+    /// socket file, and makes the socket 0600; with a `group`, the socket is 0660 and its
+    /// directory 0710, both of that group.
+    pub async fn bind(path: &Path, group: Option<u32>) -> Result<UnixServer, ServeError> {
         let fail = |source: io::Error| ServeError::Socket {
             path: path.to_owned(),
             source,
@@ -64,10 +112,14 @@ impl UnixServer {
         umask(previous);
         let listener = bound.map_err(fail)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
-        Ok(UnixServer {
+        let server = UnixServer {
             listener,
             path: path.to_owned(),
-        })
+        };
+        if let Some(gid) = group {
+            share_with_group(path, gid).map_err(fail)?;
+        }
+        Ok(server)
     }
 
     /// The socket's path.
@@ -76,10 +128,12 @@ impl UnixServer {
     }
 
     /// Accepts connections until `shutdown` turns true, then waits for the open
-    /// connections to finish (they stop reading at the same signal).
+    /// connections to finish (they stop reading at the same signal). Each connection's
+    /// caller comes from its peer's credentials through `access`.
     pub async fn serve(
         &self,
         dispatcher: Arc<Dispatcher>,
+        access: Arc<SocketAccess>,
         max_request_bytes: usize,
         max_connections: usize,
         mut shutdown: watch::Receiver<bool>,
@@ -101,8 +155,20 @@ impl UnixServer {
                     continue;
                 }
             };
+            let uid = match stream.peer_cred() {
+                Ok(credentials) => credentials.uid(),
+                Err(err) => {
+                    tracing::warn!(error = %err, "no peer credentials; connection refused");
+                    continue;
+                }
+            };
+            let Some(caller) = access.caller(uid) else {
+                tracing::warn!(uid, "refused a connection from a worker uid");
+                connections.spawn(refuse(stream, refused_uid(uid)));
+                continue;
+            };
             let Ok(slot) = slots.clone().try_acquire_owned() else {
-                connections.spawn(refuse(stream, max_connections));
+                connections.spawn(refuse(stream, too_many(max_connections)));
                 continue;
             };
             let dispatcher = dispatcher.clone();
@@ -111,6 +177,7 @@ impl UnixServer {
                 let (reader, writer) = stream.into_split();
                 serve_connection(
                     dispatcher,
+                    caller,
                     BufReader::new(reader),
                     writer,
                     max_request_bytes,
@@ -122,6 +189,35 @@ impl UnixServer {
         }
         while connections.join_next().await.is_some() {}
     }
+}
+
+/// Opens the socket `path` to the group `gid`: the socket 0660, its directory 0710 (enough
+/// to reach the socket, not to list or change the directory).
+fn share_with_group(path: &Path, gid: u32) -> io::Result<()> {
+    let gid = Gid::from_raw(gid);
+    nix::unistd::chown(path, None, Some(gid)).map_err(io::Error::from)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        nix::unistd::chown(dir, None, Some(gid)).map_err(io::Error::from)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710))?;
+    }
+    Ok(())
+}
+
+/// The error a worker uid gets before its connection is closed.
+fn refused_uid(uid: u32) -> RpcError {
+    RpcError::new(
+        rpc::code::UNAUTHORIZED,
+        format!("unauthorized: uid {uid} runs session code and may not use the engine socket"),
+    )
+}
+
+/// The error a connection over the limit gets before it is closed.
+fn too_many(max_connections: usize) -> RpcError {
+    RpcError::new(
+        rpc::code::ENGINE_ERROR,
+        format!("too many connections: the server holds at most {max_connections}"),
+    )
 }
 
 impl Drop for UnixServer {
@@ -151,12 +247,8 @@ fn check_directory(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Tells a connection over the limit why it is closed.
-async fn refuse(mut stream: UnixStream, max_connections: usize) {
-    let error = RpcError::new(
-        rpc::code::ENGINE_ERROR,
-        format!("too many connections: the server holds at most {max_connections}"),
-    );
+/// Tells a refused connection why it is closed.
+async fn refuse(mut stream: UnixStream, error: RpcError) {
     let mut line = rpc::error_text(&serde_json::Value::Null, error);
     line.push('\n');
     let _ = stream.write_all(line.as_bytes()).await;

@@ -5,14 +5,16 @@
 //! whole in its result and `input()` raises `EOFError`; the WebSocket route streams both.
 
 use actix_web::http::header::ContentType;
+use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{ws, ApiError, State};
+use crate::rpc::strict_json::{self, duplicate_message, ParamsError};
 use crate::rpc::wire::{method, Created, ListParams};
-use crate::rpc::{code, Outbound, RpcError};
+use crate::rpc::{code, Caller, Outbound, RpcError};
 
 /// Registers the `/v1` routes.
 pub(super) fn configure(config: &mut web::ServiceConfig) {
@@ -44,9 +46,13 @@ struct CloseQuery {
 }
 
 /// `POST /v1/sessions`: 201 with a new session, 200 when `name` attached to a live one.
-async fn create(state: web::Data<State>, body: web::Payload) -> Result<HttpResponse, ApiError> {
-    let params = body_object(body, state.max_request_bytes).await?;
-    let created = call(&state, method::CREATE, Value::Object(params)).await?;
+async fn create(
+    state: web::Data<State>,
+    caller: Caller,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let params = body_object(&state, body).await?;
+    let created = call(&state, &caller, method::CREATE, Value::Object(params)).await?;
     let attached = serde_json::from_str::<Created>(created.get())
         .map(|created| created.attached)
         .unwrap_or(false);
@@ -59,108 +65,125 @@ async fn create(state: web::Data<State>, body: web::Payload) -> Result<HttpRespo
 }
 
 /// `GET /v1/sessions[?owner=]`.
-async fn list(state: web::Data<State>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+async fn list(
+    state: web::Data<State>,
+    caller: Caller,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
     let params: ListParams = query(&req)?;
     let params = serde_json::to_value(params).expect("list params are plain JSON");
-    respond(call(&state, method::LIST, params).await)
+    respond(call(&state, &caller, method::LIST, params).await)
 }
 
 /// `GET /v1/sessions/{id}`.
-async fn info(state: web::Data<State>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    respond(call(&state, method::INFO, session_only(id)).await)
+async fn info(
+    state: web::Data<State>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    respond(call(&state, &caller, method::INFO, session_only(id)).await)
 }
 
 /// `DELETE /v1/sessions/{id}[?checkpoint=true]`.
 async fn close(
     state: web::Data<State>,
+    caller: Caller,
     id: web::Path<String>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let CloseQuery { checkpoint } = query(&req)?;
     let params = serde_json::json!({"session_id": id.into_inner(), "checkpoint": checkpoint});
-    respond(call(&state, method::CLOSE, params).await)
+    respond(call(&state, &caller, method::CLOSE, params).await)
 }
 
 /// `POST /v1/sessions/{id}/execute`: the result, whatever the code's status.
 async fn execute(
     state: web::Data<State>,
+    caller: Caller,
     id: web::Path<String>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    with_body(&state, method::EXECUTE, id, body).await
+    with_body(&state, &caller, method::EXECUTE, id, body).await
 }
 
 /// `POST /v1/sessions/{id}/input` with `{execution_id, value}`.
 async fn input(
     state: web::Data<State>,
+    caller: Caller,
     id: web::Path<String>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    with_body(&state, method::INPUT, id, body).await
+    with_body(&state, &caller, method::INPUT, id, body).await
 }
 
 /// `POST /v1/sessions/{id}/interrupt`.
 async fn interrupt(
     state: web::Data<State>,
+    caller: Caller,
     id: web::Path<String>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    with_body(&state, method::INTERRUPT, id, body).await
+    with_body(&state, &caller, method::INTERRUPT, id, body).await
 }
 
 /// `POST /v1/sessions/{id}/checkpoint`.
 async fn checkpoint(
     state: web::Data<State>,
+    caller: Caller,
     id: web::Path<String>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    with_body(&state, method::CHECKPOINT, id, body).await
+    with_body(&state, &caller, method::CHECKPOINT, id, body).await
 }
 
 /// `POST /v1/sessions/{id}/restore` with `{checkpoint_id?}`.
 async fn restore(
     state: web::Data<State>,
+    caller: Caller,
     id: web::Path<String>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    with_body(&state, method::RESTORE, id, body).await
+    with_body(&state, &caller, method::RESTORE, id, body).await
 }
 
 /// `POST /v1/sessions/{id}/hint` with `{code: [..]}`.
 async fn hint(
     state: web::Data<State>,
+    caller: Caller,
     id: web::Path<String>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    with_body(&state, method::HINT, id, body).await
+    with_body(&state, &caller, method::HINT, id, body).await
 }
 
 /// `GET /v1/sessions/{id}/checkpoints`: newest first.
 async fn checkpoints(
     state: web::Data<State>,
+    caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    respond(call(&state, method::CHECKPOINTS, session_only(id)).await)
+    respond(call(&state, &caller, method::CHECKPOINTS, session_only(id)).await)
 }
 
 /// `GET /v1/stats`: `engine.stats`.
-async fn stats(state: web::Data<State>) -> Result<HttpResponse, ApiError> {
-    respond(call(&state, method::STATS, Value::Null).await)
+async fn stats(state: web::Data<State>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    respond(call(&state, &caller, method::STATS, Value::Null).await)
 }
 
 /// `GET /v1/health`: `engine.health`.
-async fn health(state: web::Data<State>) -> Result<HttpResponse, ApiError> {
-    respond(call(&state, method::HEALTH, Value::Null).await)
+async fn health(state: web::Data<State>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    respond(call(&state, &caller, method::HEALTH, Value::Null).await)
 }
 
 /// Runs `method` of session `id` with the body's params.
 async fn with_body(
     state: &State,
+    caller: &Caller,
     method: &str,
     id: web::Path<String>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let mut params = body_object(body, state.max_request_bytes).await?;
+    let mut params = body_object(state, body).await?;
     let id = id.into_inner();
     match params.get("session_id") {
         None => {}
@@ -173,15 +196,21 @@ async fn with_body(
         }
     }
     params.insert("session_id".into(), Value::String(id));
-    respond(call(state, method, Value::Object(params)).await)
+    respond(call(state, caller, method, Value::Object(params)).await)
 }
 
-/// Runs `method` on the dispatcher. Notifications have no reader here and are dropped.
-async fn call(state: &State, method: &str, params: Value) -> Result<Box<RawValue>, ApiError> {
+/// Runs `method` on the dispatcher for `caller`. Notifications have no reader here and are
+/// dropped.
+async fn call(
+    state: &State,
+    caller: &Caller,
+    method: &str,
+    params: Value,
+) -> Result<Box<RawValue>, ApiError> {
     let params = (!params.is_null()).then_some(params);
     Ok(state
         .dispatcher
-        .call(method, params, &Outbound::closed())
+        .call(caller, method, params, &Outbound::closed())
         .await?)
 }
 
@@ -209,14 +238,19 @@ fn query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<T, ApiErro
         .map_err(|err| RpcError::invalid_params(format!("query: {err}")).into())
 }
 
-/// The body as a JSON object: none is `{}`, more than `limit` bytes is "limit exceeded".
-async fn body_object(body: web::Payload, limit: usize) -> Result<Map<String, Value>, ApiError> {
-    let bytes = match body.to_bytes_limited(limit).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(err)) => {
+/// The body as a JSON object: none is `{}`, more than `server.max_request_bytes` is "limit
+/// exceeded", a duplicate key is invalid params, and a body that takes longer than the
+/// request timeout to arrive is cut off with 408.
+async fn body_object(state: &State, body: web::Payload) -> Result<Map<String, Value>, ApiError> {
+    let limit = state.max_request_bytes;
+    let timeout = state.access.request_timeout;
+    let read = tokio::time::timeout(timeout, body.to_bytes_limited(limit)).await;
+    let bytes = match read {
+        Ok(Ok(Ok(bytes))) => bytes,
+        Ok(Ok(Err(err))) => {
             return Err(RpcError::invalid_request(format!("unreadable body: {err}")).into())
         }
-        Err(_) => {
+        Ok(Err(_)) => {
             return Err(RpcError::new(
                 code::LIMIT_EXCEEDED,
                 format!(
@@ -226,13 +260,25 @@ async fn body_object(body: web::Payload, limit: usize) -> Result<Map<String, Val
             )
             .into())
         }
+        Err(_) => {
+            return Err(ApiError::with_status(
+                StatusCode::REQUEST_TIMEOUT,
+                RpcError::invalid_request(format!(
+                    "the body did not arrive within server.http_request_timeout_s ({}s)",
+                    timeout.as_secs_f64()
+                )),
+            ))
+        }
     };
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
-    match serde_json::from_slice(&bytes) {
+    match strict_json::parse_params(&bytes) {
         Ok(Value::Object(params)) => Ok(params),
         Ok(_) => Err(RpcError::invalid_params("the body must be a JSON object").into()),
-        Err(err) => Err(RpcError::parse_error(err).into()),
+        Err(ParamsError::Duplicate(path)) => {
+            Err(RpcError::invalid_params(duplicate_message(&path)).into())
+        }
+        Err(ParamsError::Syntax(err)) => Err(RpcError::parse_error(err).into()),
     }
 }

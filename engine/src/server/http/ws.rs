@@ -4,8 +4,9 @@
 //! `session.execute` does not hold up the `session.input` or `session.interrupt` that
 //! concerns it; responses and the `session.output`/`session.input_request`/`session.display`
 //! notifications go out as text messages through the connection's [`Outbound`] queue, in
-//! the order they were produced. The `{id}` in the path is informational: requests carry
-//! their own `session_id`.
+//! the order they were produced. The `{id}` in the path must name a session the caller may
+//! reach (else 404 before the upgrade), and the connection is pinned to it: a message about
+//! any other session is refused.
 //!
 //! The bounds are those of the Unix socket's connections: a message by `max_request_bytes`
 //! (answered -32600, then the socket closes with 1009, since the frame cannot be skipped),
@@ -14,12 +15,14 @@
 
 use actix_web::web::Bytes;
 use actix_web::{rt, web, HttpRequest, HttpResponse};
+use std::sync::Arc;
+
 use actix_ws::{AggregatedMessage, AggregatedMessageStream, CloseCode, CloseReason, Session};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 
-use super::State;
-use crate::rpc::{self, Outbound, OutboundQueue, OUTBOUND_CAPACITY};
+use super::{ApiError, State};
+use crate::rpc::{self, Caller, Outbound, OutboundQueue, OUTBOUND_CAPACITY};
 use crate::server::connection::{MAX_IN_FLIGHT, WRITE_STALL};
 
 /// Why a connection ends.
@@ -34,19 +37,28 @@ enum Ending {
     Protocol(CloseCode),
 }
 
-/// Upgrades the request and serves the socket on a task of its own.
+/// Upgrades the request and serves the socket on a task of its own, for `caller` pinned to
+/// the session of the path.
 pub(super) async fn connect(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<State>,
+    caller: Caller,
+    id: web::Path<String>,
 ) -> Result<HttpResponse, actix_web::Error> {
+    let session_id = state
+        .dispatcher
+        .resolve(&caller, &id)
+        .await
+        .map_err(ApiError::from)?;
+    let caller = Arc::new(caller.pinned_to(session_id));
     let (response, session, messages) = actix_ws::handle(&req, payload)?;
     let limit = state.max_request_bytes;
     let messages = messages
         .max_frame_size(limit)
         .aggregate_continuations()
         .max_continuation_size(limit);
-    rt::spawn(serve(state, session, messages));
+    rt::spawn(serve(state, caller, session, messages));
     Ok(response)
 }
 
@@ -54,6 +66,7 @@ pub(super) async fn connect(
 /// nothing is in flight; then closes the socket.
 async fn serve(
     state: web::Data<State>,
+    caller: Arc<Caller>,
     mut session: Session,
     mut messages: AggregatedMessageStream,
 ) {
@@ -71,10 +84,10 @@ async fn serve(
             Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
             message = messages.recv(), if in_flight.len() < MAX_IN_FLIGHT => match message {
                 Some(Ok(AggregatedMessage::Text(text))) => {
-                    in_flight.push(handle(state.clone(), text.into_bytes(), out.clone()));
+                    in_flight.push(handle(state.clone(), caller.clone(), text.into_bytes(), out.clone()));
                 }
                 Some(Ok(AggregatedMessage::Binary(bytes))) => {
-                    in_flight.push(handle(state.clone(), bytes, out.clone()));
+                    in_flight.push(handle(state.clone(), caller.clone(), bytes, out.clone()));
                 }
                 Some(Ok(AggregatedMessage::Ping(bytes))) => {
                     if session.pong(&bytes).await.is_err() {
@@ -120,8 +133,8 @@ async fn serve(
 }
 
 /// Handles one JSON-RPC message and queues its response, if it has one.
-async fn handle(state: web::Data<State>, message: Bytes, out: Outbound) {
-    if let Some(reply) = rpc::respond(&state.dispatcher, &message, &out).await {
+async fn handle(state: web::Data<State>, caller: Arc<Caller>, message: Bytes, out: Outbound) {
+    if let Some(reply) = rpc::respond(&state.dispatcher, &caller, &message, &out).await {
         out.send(reply).await;
     }
 }
