@@ -18,5 +18,5 @@ pub use messages::{
     CellFacts, CheckpointGroup, ColumnSummary, Definition, DisplayItem, ErrorInfo, FileStamp,
     HostMessage, LostName, NameStamp, ObjectSummary, RestoreGroup, ResultValue, Rlimit,
     RlimitResource, SpeculativeOutcome, Transaction, Variable, WorkerMessage, WorkerStatus,
-    ZygoteReply, ZygoteRequest, PROTOCOL_VERSION,
+    SandboxApplied, SandboxPlan, ZygoteReply, ZygoteRequest, PROTOCOL_VERSION,
 };
