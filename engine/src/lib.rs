@@ -25,7 +25,7 @@ mod scratch;
 pub mod server;
 mod session;
 
-pub use config::{EngineConfig, ProactiveConfig, StateConfig};
+pub use config::{EngineConfig, ProactiveConfig, SandboxConfig, SandboxLayer, StateConfig};
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;
 pub use pyvisor_actors::checkpoint::CheckpointInfo;

@@ -96,6 +96,7 @@ impl Handler<GetInfo> for SessionActor {
             queued: self.queue.len(),
             restarts: self.restarts,
             containment: self.worker.as_ref().map(|w| w.containment),
+            sandbox: self.worker.as_ref().and_then(|w| w.info.sandbox.clone()),
             last_checkpoint: self.durability.ledger.last.map(|last| last.id.to_string()),
             durability: self.durability.ledger.report(),
             proactive: self.proactive.as_ref().map(|p| p.share()),

@@ -74,19 +74,19 @@ impl Sandbox {
         })
     }
 
-    /// Whether workers get uids of their own.
-    pub fn separates_uids(&self) -> bool {
-        self.uids.is_some()
-    }
-
     /// Leases a uid and makes the directories of one worker that runs `script`, in `cwd`
-    /// when given (used as is), else in its own work directory.
+    /// when given (used as is), else in its own work directory. `None` when no layer is on
+    /// and the worker may use the network: such a worker is not confined at all. Without
+    /// the network, the seccomp filter is always installed (it refuses the sockets).
     pub(crate) fn prepare(
         self: &Arc<Self>,
         script: &Path,
         cwd: Option<&Path>,
         network: bool,
-    ) -> Result<Confinement, SpawnError> {
+    ) -> Result<Option<Confinement>, SpawnError> {
+        if self.uids.is_none() && !self.landlock && !self.seccomp && network {
+            return Ok(None);
+        }
         let uid = match &self.uids {
             Some(pool) => Some(pool.lease()?),
             None => None,
@@ -116,12 +116,12 @@ impl Sandbox {
             uid,
             network,
             landlock: self.landlock,
-            seccomp: self.seccomp,
+            seccomp: self.seccomp || !network,
             read,
             write,
             cwd: Some(text(cwd.unwrap_or(&work))),
         });
-        Ok(confinement)
+        Ok(Some(confinement))
     }
 }
 
@@ -189,6 +189,55 @@ impl Drop for Confinement {
             pool.release(uid);
         }
     }
+}
+
+/// The kernel's Landlock ABI version; `None` without Landlock (or with it disabled).
+pub fn landlock_abi() -> Option<u32> {
+    const CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: with the VERSION flag the syscall reads no memory and returns a number.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(abi).ok().filter(|abi| *abi > 0)
+}
+
+/// Whether the kernel filters syscalls with seccomp (its status line exists).
+pub fn seccomp_available() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .is_ok_and(|status| status.lines().any(|line| line.starts_with("Seccomp:")))
+}
+
+/// Checks that `uid` can run `python` on the worker package `script` (every directory on
+/// the way must be open to it): the interpreter starts and imports the package's sandbox
+/// module as that uid. The error says why not.
+pub fn probe_uid(python: &Path, script: &Path, uid: u32) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+
+    let import = "import sys; sys.path.insert(0, sys.argv[1]); import pyvisor_worker.sandbox";
+    let output = std::process::Command::new(python)
+        .args(["-I", "-B", "-c", import])
+        .arg(script)
+        .env_clear()
+        .current_dir("/")
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .map_err(|err| format!("run {} as uid {uid}: {err}", python.display()))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} cannot run the worker package {} as uid {uid} ({}): {}",
+        python.display(),
+        script.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    ))
 }
 
 /// The uids of a range not leased to a live worker.
@@ -275,7 +324,13 @@ mod tests {
         let (a, b) = (pool.lease().unwrap(), pool.lease().unwrap());
         assert_ne!(a, b);
         let err = pool.lease().unwrap_err();
-        assert!(matches!(err, SpawnError::UidsExhausted { first: 61_990, last: 61_991 }));
+        assert!(matches!(
+            err,
+            SpawnError::UidsExhausted {
+                first: 61_990,
+                last: 61_991
+            }
+        ));
         pool.release(a);
         assert_eq!(pool.lease().unwrap(), a);
     }

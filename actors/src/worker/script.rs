@@ -148,7 +148,13 @@ fn identity_of(dir: &Path) -> io::Result<Identity> {
             if meta.is_dir() {
                 pending.push(path.clone());
             }
-            let stamp = (meta.dev(), meta.ino(), meta.size(), meta.ctime(), meta.ctime_nsec());
+            let stamp = (
+                meta.dev(),
+                meta.ino(),
+                meta.size(),
+                meta.ctime(),
+                meta.ctime_nsec(),
+            );
             identity.insert(path, stamp);
         }
     }
@@ -158,19 +164,26 @@ fn identity_of(dir: &Path) -> io::Result<Identity> {
 /// Removes everything under `dir` that is not a file of the package or the bytecode this
 /// process compiled (none yet when installing: it is compiled afresh).
 fn remove_strangers(package: &Path, dir: &Path) -> io::Result<()> {
+    // Another engine may be removing the same strangers: what is gone already is fine.
+    let gone = |err: io::Error| match err.kind() {
+        io::ErrorKind::NotFound => Ok(()),
+        _ => Err(err),
+    };
     for entry in fs::read_dir(dir)? {
         let path = entry?.path();
         let name = path.strip_prefix(package).unwrap_or(&path);
-        let meta = fs::symlink_metadata(&path)?;
+        let Ok(meta) = fs::symlink_metadata(&path) else {
+            continue;
+        };
         let known = WORKER_FILES
             .iter()
             .any(|(file, _)| Path::new(file) == name || Path::new(file).starts_with(name));
         if meta.is_dir() && known {
-            remove_strangers(package, &path)?;
+            remove_strangers(package, &path).or_else(gone)?;
         } else if meta.is_dir() {
-            fs::remove_dir_all(&path)?;
+            fs::remove_dir_all(&path).or_else(gone)?;
         } else if !known {
-            fs::remove_file(&path)?;
+            fs::remove_file(&path).or_else(gone)?;
         }
     }
     Ok(())

@@ -277,6 +277,7 @@ fn confine(spec: &WorkerSpec) -> Result<Option<Confinement>, SpawnError> {
         .as_ref()
         .map(|sandbox| sandbox.prepare(&spec.script, spec.cwd.as_deref(), spec.network))
         .transpose()
+        .map(Option::flatten)
 }
 
 /// The spec's environment, after the confinement's own (TMPDIR, HOME, MPLCONFIGDIR).

@@ -28,7 +28,9 @@ use super::EngineConfig;
 use crate::errors::ConfigError;
 
 mod proactive;
+mod sandbox;
 pub use proactive::ProactiveSettings;
+pub use sandbox::SandboxSettings;
 
 /// The variable that names a config file, second in the search order.
 const CONFIG_VAR: &str = "PYVISOR_CONFIG";
@@ -54,6 +56,7 @@ pub struct Settings {
     pub limits: LimitSettings,
     pub state: StateSettings,
     pub proactive: ProactiveSettings,
+    pub sandbox: SandboxSettings,
 }
 
 /// `[server]`: how the daemon listens and runs.
@@ -384,6 +387,7 @@ impl Settings {
             limits,
             state,
             proactive,
+            sandbox,
         } = self;
         if !server.http.is_empty() && super::resolve::http_addr(&server.http).is_none() {
             return Err((
@@ -431,6 +435,7 @@ impl Settings {
         at_least("state.total_disk_mb", state.total_disk_mb as usize, 1)?;
         seconds("state.auto_min_interval_s", state.auto_min_interval_s, true)?;
         proactive.validate()?;
+        sandbox.validate()?;
         Ok(())
     }
 }

@@ -134,6 +134,7 @@ impl Settings {
                 },
             },
             proactive: self.proactive.config(),
+            sandbox: self.sandbox.config(),
             ..defaults
         }
     }
