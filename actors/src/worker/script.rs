@@ -378,7 +378,7 @@ mod tests {
         let second = install_worker_package(dir.path()).unwrap();
         assert_eq!(first, second);
         let mode = fs::metadata(&first).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(mode & 0o777, Modes::for_owner().dir);
         for (name, source) in WORKER_FILES {
             assert_eq!(fs::read_to_string(first.join(name)).unwrap(), *source);
         }
