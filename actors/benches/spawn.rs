@@ -76,6 +76,8 @@ impl Bench {
             janitor: Some(self.janitor.clone()),
             preload: preload.iter().map(|m| m.to_string()).collect(),
             zygote,
+            sandbox: None,
+            network: true,
         }
     }
 

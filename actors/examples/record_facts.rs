@@ -91,6 +91,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
         janitor: None,
         preload: Vec::new(),
         zygote: None,
+        sandbox: None,
+        network: true,
     };
     let mut files: Vec<PathBuf> = fs::read_dir(&args.sequences)?
         .map(|entry| entry.map(|entry| entry.path()))

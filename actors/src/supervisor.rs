@@ -129,10 +129,12 @@ impl Supervisor {
             .python
             .as_ref()
             .filter(|interpreter| interpreter.python != base.python);
+        let network = options.network.unwrap_or(base.network);
         if other_python.is_none()
             && options.cwd.is_none()
             && options.env.is_empty()
             && process == base.limits
+            && network == base.network
         {
             return None;
         }
@@ -148,6 +150,7 @@ impl Supervisor {
         spec.cwd = options.cwd.clone().or(spec.cwd);
         spec.env.extend(options.env.iter().cloned());
         spec.limits = process;
+        spec.network = network;
         Some(Box::new(spec))
     }
 

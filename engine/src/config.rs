@@ -7,6 +7,7 @@ mod resolve;
 pub use file::LimitCeilings;
 pub use resolve::http_addr;
 
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES;
 
 pub use file::{
     EngineSettings, LimitSettings, LoadContext, Loaded, Origin, PoolSettings, ProactiveSettings,
-    ServerSettings, Settings, StateSettings, TokenSettings,
+    SandboxSettings, ServerSettings, Settings, StateSettings, TokenSettings,
 };
 
 /// How an [`crate::Engine`] runs its workers.
@@ -55,6 +56,64 @@ pub struct EngineConfig {
     pub proactive: ProactiveConfig,
     /// Sessions per owner, and when an unused session is checkpointed and closed.
     pub quotas: Quotas,
+    /// How workers are confined. All off by default: an embedded engine runs session code
+    /// as the user who embeds it; set `uid_range` (as root) to separate the sessions.
+    pub sandbox: SandboxConfig,
+}
+
+/// Worker confinement (docs/security.md): each worker's own uid, Landlock, seccomp, network.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxConfig {
+    /// Give every worker its own uid (and gid) from this range; needs root.
+    pub uid_range: Option<RangeInclusive<u32>>,
+    /// Restrict each worker's file access with Landlock.
+    pub landlock: bool,
+    /// Install the seccomp filter in each worker.
+    pub seccomp: bool,
+    /// Whether sessions may open internet sockets unless they say otherwise.
+    pub network: bool,
+    /// Paths every worker may read besides the defaults (Landlock).
+    pub read_paths: Vec<PathBuf>,
+    /// Layers whose absence makes the engine refuse to start.
+    pub require: Vec<SandboxLayer>,
+    /// Where the workers' private directories go; `/run/pyvisor/sandbox` as root, else
+    /// `sandbox` in the cache directory, when `None`.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for SandboxConfig {
+    /// Every layer off, network on.
+    fn default() -> Self {
+        Self {
+            uid_range: None,
+            landlock: false,
+            seccomp: false,
+            network: true,
+            read_paths: Vec::new(),
+            require: Vec::new(),
+            dir: None,
+        }
+    }
+}
+
+/// A confinement layer that `[sandbox] require` can insist on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxLayer {
+    Landlock,
+    Seccomp,
+    Uid,
+}
+
+impl SandboxLayer {
+    /// The layer of a `require` name.
+    pub fn from_name(name: &str) -> Option<SandboxLayer> {
+        match name {
+            "landlock" => Some(SandboxLayer::Landlock),
+            "seccomp" => Some(SandboxLayer::Seccomp),
+            "uid" => Some(SandboxLayer::Uid),
+            _ => None,
+        }
+    }
 }
 
 /// Proactive computation: predicting each idle session's next code, running it in a fork of
@@ -137,6 +196,7 @@ impl Default for EngineConfig {
             state: StateConfig::default(),
             proactive: ProactiveConfig::default(),
             quotas: Quotas::default(),
+            sandbox: SandboxConfig::default(),
         }
     }
 }

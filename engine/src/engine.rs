@@ -26,13 +26,14 @@ use pyvisor_actors::supervisor::{
     SessionOptions, StateOptions, StopAll, Supervisor, SupervisorConfig,
 };
 use pyvisor_actors::worker::{
-    compile_worker_package, install_worker_package, resolve_interpreter, CgroupManager,
-    CgroupMechanism, Janitor, WorkerSpec, Zygote,
+    compile_worker_package, install_worker_package, landlock_abi, probe_uid, resolve_interpreter,
+    seccomp_available, CgroupManager, CgroupMechanism, Janitor, Sandbox, SandboxSetup, WorkerSpec,
+    Zygote,
 };
 use pyvisor_actors::ProcessLimits;
 use tokio::sync::oneshot;
 
-use crate::config::{EngineConfig, StateConfig};
+use crate::config::{EngineConfig, SandboxLayer, StateConfig};
 use crate::errors::EngineError;
 use crate::scratch::Scratch;
 use crate::session::Session;
@@ -204,10 +205,9 @@ fn run_system(
     ready: oneshot::Sender<Result<(Addr<Supervisor>, PathBuf), EngineError>>,
     shutdown: oneshot::Receiver<()>,
 ) {
-    // The state dir's lock and scratch directory live as long as this thread, so they
+    // The state dir's lock and the scratch directories live as long as this thread, so they
     // outlive every worker.
-    let (supervisor_config, worker_package, _state_dir) = match supervisor_config(&config, counters)
-    {
+    let (supervisor_config, worker_package, _held) = match supervisor_config(&config, counters) {
         Ok(c) => c,
         Err(err) => {
             let _ = ready.send(Err(err));
@@ -240,13 +240,27 @@ fn run_system(
 fn supervisor_config(
     config: &EngineConfig,
     (counters, proactive): (Arc<EngineCounters>, Arc<ProactiveCounters>),
-) -> Result<(SupervisorConfig, PathBuf, Option<HeldStateDir>), EngineError> {
+) -> Result<(SupervisorConfig, PathBuf, (Option<HeldStateDir>, Scratch)), EngineError> {
     let python = resolve_interpreter(&config.python)?;
-    let package = install_worker_package(&config.cache_dir())?;
+    let sandbox_base = sandbox_base(config);
+    // Workers with uids of their own must reach the package: a root-owned one beside their
+    // directories (the cache dir may be in a home they cannot enter).
+    let package_dir = match &config.sandbox.uid_range {
+        Some(_) => sandbox_base.clone(),
+        None => config.cache_dir(),
+    };
+    let package = install_worker_package(&package_dir)?;
     compile_worker_package(&python, &package);
     let janitor = Arc::new(Janitor::start(&python)?);
-    let zygote = start_zygote(config, &python, &package, &janitor);
     let (state, held_state_dir) = open_state(&config.state)?.unzip();
+    let (sandbox, sandbox_dirs) = start_sandbox(
+        config,
+        &python,
+        &package,
+        &sandbox_base,
+        state.as_ref().map(|state| state.scratch.clone()),
+    )?;
+    let zygote = start_zygote(config, &python, &package, &janitor);
     let supervisor = SupervisorConfig {
         worker: WorkerSpec {
             python,
@@ -266,6 +280,8 @@ fn supervisor_config(
             janitor: Some(janitor),
             preload: config.preload.clone(),
             zygote,
+            sandbox: Some(sandbox),
+            network: config.sandbox.network,
         },
         limits: config.limits.clone(),
         arbiters: config.arbiters,
@@ -286,7 +302,96 @@ fn supervisor_config(
         },
         quotas: config.quotas,
     };
-    Ok((supervisor, package, held_state_dir))
+    Ok((supervisor, package, (held_state_dir, sandbox_dirs)))
+}
+
+/// Where the sandbox keeps the workers' directories (and, with uid separation, the worker
+/// package): the configured directory, `/run/pyvisor-sandbox` as root, else `sandbox` in the
+/// cache directory.
+fn sandbox_base(config: &EngineConfig) -> PathBuf {
+    match &config.sandbox.dir {
+        Some(dir) => dir.clone(),
+        None if nix::unistd::geteuid().is_root() => PathBuf::from("/run/pyvisor-sandbox"),
+        None => config.cache_dir().join("sandbox"),
+    }
+}
+
+/// The engine's sandbox, with each configured layer checked: one that is unavailable is a
+/// start-up error when `[sandbox] require` names it, else a warning, once, and it is off.
+fn start_sandbox(
+    config: &EngineConfig,
+    python: &Path,
+    package: &Path,
+    base: &Path,
+    checkpoint_scratch: Option<PathBuf>,
+) -> Result<(Arc<Sandbox>, Scratch), EngineError> {
+    let wanted = &config.sandbox;
+    let mut setup = SandboxSetup {
+        uid_range: wanted.uid_range.clone(),
+        landlock: wanted.landlock,
+        seccomp: wanted.seccomp,
+        dirs: PathBuf::new(),
+        read: wanted.read_paths.clone(),
+        write: checkpoint_scratch.into_iter().collect(),
+    };
+    let mut missing = Vec::new();
+    if let Some(range) = &setup.uid_range {
+        let unavailable = if !nix::unistd::geteuid().is_root() {
+            Some("the engine does not run as root".to_owned())
+        } else {
+            probe_uid(python, package, *range.start()).err()
+        };
+        if let Some(reason) = unavailable {
+            missing.push((SandboxLayer::Uid, "uid", reason));
+            setup.uid_range = None;
+        }
+    }
+    if setup.landlock && landlock_abi().is_none() {
+        missing.push((
+            SandboxLayer::Landlock,
+            "landlock",
+            "the kernel has no Landlock".into(),
+        ));
+        setup.landlock = false;
+    }
+    if setup.seccomp && !seccomp_available() {
+        missing.push((
+            SandboxLayer::Seccomp,
+            "seccomp",
+            "the kernel has no seccomp".into(),
+        ));
+        setup.seccomp = false;
+    }
+    for (layer, name, reason) in missing {
+        if wanted.require.contains(&layer) {
+            return Err(EngineError::Start(format!(
+                "the sandbox layer {name} is required but unavailable: {reason}"
+            )));
+        }
+        tracing::warn!(
+            layer = name,
+            %reason,
+            "SANDBOX LAYER UNAVAILABLE: workers run without it"
+        );
+    }
+    for layer in &wanted.require {
+        let on = match layer {
+            SandboxLayer::Uid => setup.uid_range.is_some(),
+            SandboxLayer::Landlock => setup.landlock,
+            SandboxLayer::Seccomp => setup.seccomp,
+        };
+        if !on {
+            return Err(EngineError::Start(format!(
+                "the sandbox layer {layer:?} is required but not configured"
+            )));
+        }
+    }
+    let dirs = Scratch::create(base)
+        .map_err(|e| EngineError::Start(format!("create the sandbox directory: {e}")))?;
+    setup.dirs = dirs.path().to_owned();
+    let sandbox = Sandbox::new(setup)
+        .map_err(|e| EngineError::Start(format!("create the sandbox directory: {e}")))?;
+    Ok((Arc::new(sandbox), dirs))
 }
 
 /// What an engine holds of its state directory for its whole life.

@@ -26,7 +26,7 @@ pub mod server;
 mod session;
 mod state_lock;
 
-pub use config::{EngineConfig, ProactiveConfig, StateConfig};
+pub use config::{EngineConfig, ProactiveConfig, SandboxConfig, SandboxLayer, StateConfig};
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;
 pub use pyvisor_actors::checkpoint::CheckpointInfo;

@@ -1,8 +1,9 @@
 //! The engine's scratch directory: where checkpoint payloads wait between a worker and the
 //! checkpoint store.
 //!
-//! Each engine gets `<state dir>/scratch/<pid>-<nonce>/` (mode 0700) and removes it when it
-//! stops. Directories of engines that died without removing theirs (their pid is gone) are
+//! Each engine gets `<state dir>/scratch/<pid>-<nonce>/` (mode 0711: workers with uids of
+//! their own enter it to write their checkpoints in directories of their own, and list
+//! nothing) and removes it when it stops. Directories of engines that died without removing theirs (their pid is gone) are
 //! removed when the next engine starts.
 
 use std::fs::{self, DirBuilder};
@@ -24,7 +25,7 @@ impl Scratch {
         let base = state_dir.join("scratch");
         DirBuilder::new()
             .recursive(true)
-            .mode(0o700)
+            .mode(0o711)
             .create(&base)?;
         remove_stale(&base);
         let nonce = std::time::SystemTime::now()
@@ -32,7 +33,7 @@ impl Scratch {
             .map(|d| d.as_nanos())
             .unwrap_or_default();
         let path = base.join(format!("{}-{nonce:x}", std::process::id()));
-        DirBuilder::new().mode(0o700).create(&path)?;
+        DirBuilder::new().mode(0o711).create(&path)?;
         Ok(Scratch { path })
     }
 

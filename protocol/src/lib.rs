@@ -17,6 +17,6 @@ pub use frame::{encode_frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES, FRAME_HEADE
 pub use messages::{
     CellFacts, CheckpointGroup, ColumnSummary, Definition, DisplayItem, ErrorInfo, FileStamp,
     HostMessage, LostName, NameStamp, ObjectSummary, RestoreGroup, ResultValue, Rlimit,
-    RlimitResource, SpeculativeOutcome, Transaction, Variable, WorkerMessage, WorkerStatus,
-    ZygoteReply, ZygoteRequest, PROTOCOL_VERSION,
+    RlimitResource, SandboxApplied, SandboxPlan, SpeculativeOutcome, Transaction, Variable,
+    WorkerMessage, WorkerStatus, ZygoteReply, ZygoteRequest, PROTOCOL_VERSION,
 };

@@ -251,6 +251,10 @@ pub enum WorkerMessage {
         pid: u32,
         python_version: String,
         executable: String,
+        /// The confinement the worker applied to itself before any session code ran;
+        /// `None` when it was started without a sandbox plan.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<SandboxApplied>,
     },
     /// User code called `input()` or `getpass.getpass()`.
     InputRequest {
@@ -408,7 +412,45 @@ pub enum ZygoteRequest {
         env: Vec<(String, String)>,
         /// Limits the child sets on itself before it waits for [`HostMessage::Start`].
         rlimits: Vec<Rlimit>,
+        /// Confinement the child applies to itself before it waits for
+        /// [`HostMessage::Start`]; none when `None`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<SandboxPlan>,
     },
+}
+
+/// How a worker confines itself before any session code runs (pyvisor_worker/sandbox.py):
+/// given to a spawned worker as `--sandbox JSON`, to a forked one in its fork request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxPlan {
+    /// The uid (and gid) the worker becomes; it stays the host's when `None`.
+    pub uid: Option<u32>,
+    /// False: no network (a new network namespace when root, and seccomp refusing
+    /// AF_INET, AF_INET6 and AF_PACKET sockets).
+    pub network: bool,
+    /// Restrict file access with Landlock, when the kernel has it.
+    pub landlock: bool,
+    /// Install the seccomp filter.
+    pub seccomp: bool,
+    /// Paths readable besides the system ones, the interpreter's and `sys.path`.
+    pub read: Vec<String>,
+    /// Paths readable and writable.
+    pub write: Vec<String>,
+    /// The working directory, entered once the uid is dropped.
+    pub cwd: Option<String>,
+}
+
+/// What a worker reports of its confinement in its `hello`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxApplied {
+    /// The uid the worker runs as, when it was given one.
+    pub uid: Option<u32>,
+    /// The Landlock ABI version enforced, `None` when Landlock is off or missing.
+    pub landlock: Option<u32>,
+    /// Whether the seccomp filter is installed.
+    pub seccomp: bool,
+    /// Whether the worker may open internet sockets.
+    pub network: bool,
 }
 
 /// A message from the zygote to the host, on its control socket.
@@ -461,6 +503,7 @@ mod tests {
                 soft: 256,
                 hard: 256,
             }],
+            sandbox: None,
         };
         assert_eq!(
             serde_json::to_string(&request).unwrap(),

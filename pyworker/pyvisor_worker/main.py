@@ -1,21 +1,24 @@
 """The worker's entry: the command line, the set-up of a worker, and its main loop.
 
 ``run()`` starts a worker, or with ``--zygote`` the zygote (see zygote); ``main()`` makes the
-process a session's worker and serves the host's requests until told to stop.
+process a session's worker and serves the host's requests until told to stop. A spawned
+worker given ``--sandbox PLAN`` confines itself (see sandbox) before anything else runs.
 """
 
 import builtins
 import getpass
+import json
 import os
 import signal
 import sys
 
 from pyvisor_worker import (
     adoption, checkpoints, display, execution, inspection, prompts, protocol, restores,
-    speculation, state, surroundings, zygote,
+    sandbox, speculation, state, surroundings, zygote,
 )
 
-_USAGE = "usage: python3 -I -u WORKER_DIRECTORY [--zygote] [--preload MODULE[,MODULE...]]"
+_USAGE = ("usage: python3 -I -B -u WORKER_DIRECTORY [--zygote] [--preload MODULE[,MODULE...]]"
+          " [--sandbox PLAN]")
 
 
 def run():
@@ -27,16 +30,23 @@ def run():
     if sys.path and os.path.normpath(sys.path[0]) == os.path.normpath(home):
         del sys.path[0]
     args = sys.argv[1:]
-    is_zygote, preload = False, []
+    is_zygote, preload, plan = False, [], None
     while args:
         arg = args.pop(0)
         if arg == "--zygote":
             is_zygote = True
         elif arg == "--preload" and args:
             preload += [name for name in args.pop(0).split(",") if name]
+        elif arg == "--sandbox" and args:
+            plan = json.loads(args.pop(0))
         else:
             sys.exit("pyvisor worker: unknown argument %r; %s" % (arg, _USAGE))
     del sys.argv[1:]
+    if plan is not None:
+        try:
+            sandbox.confine(plan)
+        except OSError as exc:
+            sys.exit("pyvisor worker: confining the worker failed: %s" % (exc,))
     if is_zygote:
         zygote.zygote_main(preload, main)
     else:
@@ -70,6 +80,7 @@ def main(preload=()):
         "pid": os.getpid(),
         "python_version": sys.version.split()[0],
         "executable": sys.executable,
+        **({"sandbox": sandbox.applied} if sandbox.applied is not None else {}),
     })
     _serve()
 

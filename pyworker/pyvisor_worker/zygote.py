@@ -14,7 +14,7 @@ pages alone), then serves the host, single-threaded: forking a process that has 
 unsafe. Host -> zygote:
 
     {"type": "fork", "id": 1, "cwd": "/dir" | null, "env": [["NAME", "value"]],
-     "rlimits": [{"resource": "nofile", "soft": 256, "hard": 256}]}
+     "rlimits": [{"resource": "nofile", "soft": 256, "hard": 256}], "sandbox": {...}}
 
 with the child's fds 0-4 (stdin, stdout, stderr, request pipe, reply pipe) attached as
 SCM_RIGHTS. A "resource" is the lowercase name of an RLIMIT_* constant. Zygote -> host:
@@ -36,7 +36,9 @@ forks the next spare. A request that finds no spare forks its child itself.
 A forked child puts itself in its own process group (the zygote does too, for the child, so
 that the group exists when "forked" is sent), moves the five fds onto 0-4, closes every other
 fd, sets the rlimits, working directory and environment, restores the signal handling of a
-fresh worker and turns the garbage collector back on. Then it waits for one frame on fd 3:
+fresh worker, confines itself as the request's "sandbox" plan says (see sandbox; the zygote
+stays root, each child takes its own uid) and turns the garbage collector back on. Then it
+waits for one frame on fd 3:
 
     {"type": "start"}
 
@@ -49,7 +51,7 @@ import os
 import signal
 import traceback
 
-from pyvisor_worker import pickling, protocol
+from pyvisor_worker import pickling, protocol, sandbox
 
 ZYGOTE_FD = 3  # the zygote's control socket
 CHILD_FDS = 5  # a forked child's stdin, stdout, stderr, request pipe and reply pipe
@@ -286,6 +288,8 @@ def _become_worker(server, order, spare_socket):
             os.chdir(request["cwd"])
         for name, value in request["env"]:
             os.environ[name] = value
+        if request.get("sandbox") is not None:
+            sandbox.confine(request["sandbox"])
         gc.enable()
     except BaseException as exc:
         os.write(2, ("pyvisor worker: setting up the forked worker failed: %s: %s\n"

@@ -169,4 +169,6 @@ pub struct SessionSnapshot {
     pub ahead: Vec<String>,
     /// The namespace as the worker described it; `None` when it could not answer in time.
     pub namespace: Option<Inspection>,
+    /// The confinement the worker applied; `None` when it is unconfined or there is none.
+    pub sandbox: Option<pyvisor_protocol::SandboxApplied>,
 }

@@ -247,10 +247,16 @@ impl SessionActor {
             session_id: self.session_id.clone(),
             reason,
         };
-        // One mkdir: the worker needs the directory before it forks its writer.
+        // One mkdir: the worker needs the directory before it forks its writer. A worker with
+        // a uid of its own gets it as its own, and no other worker can enter it.
+        let uid = self.worker.as_ref().and_then(|w| w.confinement()?.uid());
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
+            .and_then(|()| match uid {
+                Some(uid) => std::os::unix::fs::chown(&dir, Some(uid), Some(uid)),
+                None => Ok(()),
+            })
             .map_err(|err| worker_state(format!("create {}: {err}", dir.display())))?;
         let frame = HostMessage::Checkpoint {
             id: id.clone(),

@@ -100,6 +100,9 @@ pub struct SessionOptions {
     /// Whether the engine computes ahead of this session's requests; the engine's default
     /// when `None`.
     pub proactive: Option<bool>,
+    /// Whether the worker may open internet sockets; the engine's `[sandbox] network` when
+    /// `None`.
+    pub network: Option<bool>,
 }
 
 /// A Python interpreter other than the engine's, with the worker package it runs.

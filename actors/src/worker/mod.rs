@@ -1,12 +1,13 @@
 //! Plumbing for one Python worker process: installing the package, spawning the process with
 //! its pipes (or having the zygote fork it), pumping its output and frames, watching for its
-//! exit, and writing frames to it.
+//! exit, writing frames to it, and confining it (its own uid, Landlock, seccomp).
 
 mod cgroup;
 mod exit;
 mod janitor;
 mod output;
 mod pump;
+mod sandbox;
 mod script;
 mod spawn;
 mod writer;
@@ -17,8 +18,10 @@ pub use exit::{is_running, left_by_dead_processes};
 pub use janitor::Janitor;
 pub use output::{CappedOutput, Utf8Chunker};
 pub use pump::WorkerEvent;
+pub use sandbox::{landlock_abi, probe_uid, seccomp_available, Confinement, Sandbox, SandboxSetup};
 pub use script::{
-    compile_worker_package, install_worker_package, resolve_interpreter, WORKER_FILES,
+    compile_worker_package, install_worker_package, resolve_interpreter, verify_worker_package,
+    WORKER_FILES,
 };
 pub use spawn::{Worker, WorkerInfo, WorkerOrigin, WorkerSpec};
 pub use writer::FrameWriter;

@@ -1,15 +1,26 @@
 //! The embedded worker package and the interpreter that runs it.
 //!
-//! The worker is a Python package, `pyworker/`, compiled into the binary and written once to a
-//! private, content-addressed directory, so an installed binary needs nothing beside it but a
-//! Python 3.9+ interpreter. The interpreter runs that directory (`python -I -u <dir>`): Python
+//! The worker is a Python package, `pyworker/`, compiled into the binary and written to a
+//! content-addressed directory, so an installed binary needs nothing beside it but a Python
+//! 3.9+ interpreter. The interpreter runs that directory (`python -I -B -u <dir>`): Python
 //! puts it first on `sys.path` and runs its `__main__.py`, which starts `pyvisor_worker`.
+//!
+//! Integrity: the code a worker runs must never come from a place a session could have
+//! written. As root the directory is root's (dirs 0755, files 0444), else private (0700,
+//! 0600); `-B` keeps interpreters from writing bytecode. [`install_worker_package`] checks
+//! every byte against the embedded sources and removes anything else (a planted
+//! `__pycache__` included), then records each file's identity (device, inode, size, change
+//! time) with the bytecode it compiles; [`verify_worker_package`], before every zygote start
+//! and every plain spawn, checks that the directory holds exactly those files, unchanged
+//! (any write or rename changes a change time), and reinstalls it otherwise.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, OnceLock};
 
 use crate::errors::SpawnError;
 
@@ -41,6 +52,7 @@ pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("pyvisor_worker/purity.py"),
     worker_file!("pyvisor_worker/quiet.py"),
     worker_file!("pyvisor_worker/restores.py"),
+    worker_file!("pyvisor_worker/sandbox.py"),
     worker_file!("pyvisor_worker/snippets.py"),
     worker_file!("pyvisor_worker/speculation.py"),
     worker_file!("pyvisor_worker/state.py"),
@@ -50,39 +62,179 @@ pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("pyvisor_worker/zygote.py"),
 ];
 
-/// Writes the worker package under `cache_dir` (once per content) and returns its directory,
-/// which the interpreter runs.
+/// Writes the worker package under `cache_dir` and returns its directory, which the
+/// interpreter runs.
 ///
 /// The directory is named by a hash of every file's path and source. A file already there
 /// with the right content is kept; any other is written beside its place and renamed into it,
-/// so a concurrent engine never runs half a file, and the package is whole once this returns.
+/// so a concurrent engine never runs half a file; anything that is not a file of the package
+/// is removed. The package is whole and its identity recorded once this returns.
 pub fn install_worker_package(cache_dir: &Path) -> Result<PathBuf, SpawnError> {
     let package = cache_dir.join(format!("worker-{:016x}", package_hash()));
+    let fail = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SpawnError::Script { path, source }
+    };
+    if is_root() {
+        // Session uids must reach the package: the cache dir is entered, never listed.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(cache_dir)
+            .map_err(fail(cache_dir))?;
+    }
+    let modes = Modes::for_owner();
     for (name, source) in WORKER_FILES {
         let path = package.join(name);
-        if fs::read(&path).is_ok_and(|existing| existing == source.as_bytes()) {
-            continue;
+        let intact = fs::symlink_metadata(&path)
+            .is_ok_and(|meta| meta.is_file() && meta.mode() & 0o7777 == modes.file)
+            && fs::read(&path).is_ok_and(|existing| existing == source.as_bytes());
+        if !intact {
+            write_file(&path, source, modes).map_err(fail(&path))?;
         }
-        write_file(&path, source).map_err(|source| SpawnError::Script {
-            path: path.clone(),
-            source,
-        })?;
     }
+    remove_strangers(&package, &package).map_err(fail(&package))?;
+    record_identity(&package).map_err(fail(&package))?;
     Ok(package)
 }
 
+/// Checks that `package` holds exactly the files [`install_worker_package`] (and
+/// [`compile_worker_package`]) left there, unchanged; installs it again when it does not.
+/// Reads no file: a directory walk and a stat of each file, a few tens of microseconds.
+pub fn verify_worker_package(package: &Path) -> Result<(), SpawnError> {
+    let recorded = identities()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(package)
+        .cloned();
+    let current = identity_of(package).ok();
+    if recorded.is_some() && recorded == current {
+        return Ok(());
+    }
+    tracing::warn!(package = %package.display(), "the worker package changed; reinstalling it");
+    let cache_dir = package
+        .parent()
+        .expect("the package is in the cache directory");
+    let _ = fs::remove_dir_all(package.join("__pycache__"));
+    let _ = fs::remove_dir_all(package.join("pyvisor_worker").join("__pycache__"));
+    install_worker_package(cache_dir).map(|_| ())
+}
+
+/// Identity of every file of a package, by path: what [`verify_worker_package`] compares.
+type Identity = BTreeMap<PathBuf, (u64, u64, u64, i64, i64)>;
+
+/// The identity of each installed package (and its bytecode), recorded by this process.
+fn identities() -> &'static Mutex<HashMap<PathBuf, Identity>> {
+    static IDENTITIES: OnceLock<Mutex<HashMap<PathBuf, Identity>>> = OnceLock::new();
+    IDENTITIES.get_or_init(Mutex::default)
+}
+
+/// Records the identity `package` has now as its verified one.
+fn record_identity(package: &Path) -> io::Result<()> {
+    let identity = identity_of(package)?;
+    let mut identities = identities().lock().unwrap_or_else(|e| e.into_inner());
+    identities.insert(package.to_path_buf(), identity);
+    Ok(())
+}
+
+/// Device, inode, size and change time of every entry under `dir`, directories included.
+fn identity_of(dir: &Path) -> io::Result<Identity> {
+    let mut identity = Identity::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in fs::read_dir(&dir)? {
+            let path = entry?.path();
+            let meta = fs::symlink_metadata(&path)?;
+            if meta.is_dir() {
+                pending.push(path.clone());
+            }
+            let stamp = (
+                meta.dev(),
+                meta.ino(),
+                meta.size(),
+                meta.ctime(),
+                meta.ctime_nsec(),
+            );
+            identity.insert(path, stamp);
+        }
+    }
+    Ok(identity)
+}
+
+/// Removes everything under `dir` that is not a file of the package or the bytecode this
+/// process compiled (none yet when installing: it is compiled afresh).
+fn remove_strangers(package: &Path, dir: &Path) -> io::Result<()> {
+    // Another engine may be removing the same strangers: what is gone already is fine.
+    let gone = |err: io::Error| match err.kind() {
+        io::ErrorKind::NotFound => Ok(()),
+        _ => Err(err),
+    };
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.strip_prefix(package).unwrap_or(&path);
+        let Ok(meta) = fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let known = WORKER_FILES
+            .iter()
+            .any(|(file, _)| Path::new(file) == name || Path::new(file).starts_with(name));
+        if meta.is_dir() && known {
+            remove_strangers(package, &path).or_else(gone)?;
+        } else if meta.is_dir() {
+            fs::remove_dir_all(&path).or_else(gone)?;
+        } else if !known {
+            fs::remove_file(&path).or_else(gone)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether this process runs as root, whose package must be root's and read-only.
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Modes of the package's directories and files.
+#[derive(Debug, Clone, Copy)]
+struct Modes {
+    dir: u32,
+    file: u32,
+}
+
+impl Modes {
+    /// Root's package is readable by the session uids and writable by none; anyone else's
+    /// is private.
+    fn for_owner() -> Modes {
+        if is_root() {
+            Modes {
+                dir: 0o755,
+                file: 0o444,
+            }
+        } else {
+            Modes {
+                dir: 0o700,
+                file: 0o600,
+            }
+        }
+    }
+}
+
 /// Writes `contents` to `path` by renaming a temporary file beside it, creating its directory
-/// (0700, with its parents) if need be.
-fn write_file(path: &Path, contents: &str) -> io::Result<()> {
+/// (with its parents) if need be.
+fn write_file(path: &Path, contents: &str, modes: Modes) -> io::Result<()> {
     let dir = path
         .parent()
         .expect("a file of the package is in a directory");
     fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o700)
+        .mode(modes.dir)
         .create(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(modes.dir))?;
     let mut temp = tempfile::NamedTempFile::new_in(dir)?;
     temp.write_all(contents.as_bytes())?;
+    temp.as_file()
+        .set_permissions(fs::Permissions::from_mode(modes.file))?;
     temp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }
@@ -109,10 +261,12 @@ pub fn compile_worker_package(python: &Path, package: &Path) {
         .arg(package)
         .output();
     let problem = match outcome {
-        Ok(output) if output.status.success() => match fs::write(&marker, b"") {
-            Ok(()) => return,
-            Err(err) => format!("{}: {err}", marker.display()),
-        },
+        Ok(output) if output.status.success() => {
+            match fs::write(&marker, b"").and_then(|()| record_identity(package)) {
+                Ok(()) => return,
+                Err(err) => format!("{}: {err}", marker.display()),
+            }
+        }
         Ok(output) => format!(
             "{}: {}{}",
             output.status,
@@ -224,7 +378,7 @@ mod tests {
         let second = install_worker_package(dir.path()).unwrap();
         assert_eq!(first, second);
         let mode = fs::metadata(&first).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(mode & 0o777, Modes::for_owner().dir);
         for (name, source) in WORKER_FILES {
             assert_eq!(fs::read_to_string(first.join(name)).unwrap(), *source);
         }

@@ -27,7 +27,9 @@ use command_fds::{CommandFdExt, FdMapping};
 use nix::fcntl::OFlag;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{pipe2, Pid};
-use pyvisor_protocol::{HostMessage, Rlimit, RlimitResource, WorkerMessage, PROTOCOL_VERSION};
+use pyvisor_protocol::{
+    HostMessage, Rlimit, RlimitResource, SandboxApplied, WorkerMessage, PROTOCOL_VERSION,
+};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
@@ -36,6 +38,8 @@ use super::exit::ExitSource;
 use super::janitor::Janitor;
 use super::output::Utf8Chunker;
 use super::pump::{pump, PumpPipes, WorkerEvent};
+use super::sandbox::{Confinement, Sandbox};
+use super::script::verify_worker_package;
 use super::writer::FrameWriter;
 use super::zygote::{ForkOrder, Zygote};
 use crate::errors::SpawnError;
@@ -69,6 +73,10 @@ pub struct WorkerSpec {
     pub preload: Vec<String>,
     /// Forks workers with `preload` already imported; plain spawn when `None` or down.
     pub zygote: Option<Arc<Zygote>>,
+    /// How the worker is confined; not at all when `None`.
+    pub sandbox: Option<Arc<Sandbox>>,
+    /// Whether the worker may open internet sockets (only with a sandbox).
+    pub network: bool,
 }
 
 /// What the worker said about itself in its `hello`.
@@ -77,6 +85,8 @@ pub struct WorkerInfo {
     pub pid: u32,
     pub python_version: String,
     pub executable: String,
+    /// The confinement the worker reported applying; `None` for an unconfined worker.
+    pub sandbox: Option<SandboxApplied>,
 }
 
 /// How a worker process came to be.
@@ -100,6 +110,8 @@ pub struct Worker {
     pub origin: WorkerOrigin,
     /// The worker's cgroup; dropping it kills whatever is left in it.
     leaf: Option<CgroupLeaf>,
+    /// The worker's uid and directories; dropping it sweeps the uid and removes them.
+    confinement: Option<Confinement>,
     janitor: Option<Arc<Janitor>>,
 }
 
@@ -156,17 +168,28 @@ impl Worker {
     pub fn cgroup(&self) -> Option<&CgroupLeaf> {
         self.leaf.as_ref()
     }
+
+    /// The worker's confinement (uid, directories), when it has one.
+    pub fn confinement(&self) -> Option<&Confinement> {
+        self.confinement.as_ref()
+    }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
         // Whatever the code left running in the worker's group ends with the worker.
         forget_group(self.info.pid, self.janitor.as_deref());
-        // Emptying a cgroup waits for its processes to die: keep that off the actor thread.
-        if let Some(leaf) = self.leaf.take() {
+        // Emptying a cgroup waits for its processes to die, and sweeping the uid forks:
+        // keep both off the actor thread. The leaf goes first, the uid after it.
+        let (leaf, confinement) = (self.leaf.take(), self.confinement.take());
+        if leaf.is_some() || confinement.is_some() {
+            let release = move || {
+                drop(leaf);
+                drop(confinement);
+            };
             match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn_blocking(move || drop(leaf))),
-                Err(_) => drop(leaf),
+                Ok(runtime) => drop(runtime.spawn_blocking(release)),
+                Err(_) => release(),
             }
         }
     }
@@ -191,6 +214,7 @@ struct Spawned {
     writer: FrameWriter,
     events: mpsc::Receiver<WorkerEvent>,
     leaf: Option<CgroupLeaf>,
+    confinement: Option<Confinement>,
 }
 
 /// Waits for the `hello` of a started worker; kills it when none comes.
@@ -204,6 +228,7 @@ async fn handshake(
         writer,
         mut events,
         leaf,
+        confinement,
     } = started;
     let hello = tokio::time::timeout(spec.handshake_timeout, wait_for_hello(&mut events));
     match hello.await {
@@ -217,6 +242,7 @@ async fn handshake(
             },
             origin,
             leaf,
+            confinement,
             janitor: spec.janitor.clone(),
         }),
         Ok(Err(err)) => {
@@ -250,8 +276,26 @@ fn create_leaf(spec: &WorkerSpec) -> Result<Option<CgroupLeaf>, SpawnError> {
         .map_err(SpawnError::Containment)
 }
 
+/// The worker's confinement, when the spec has a sandbox.
+fn confine(spec: &WorkerSpec) -> Result<Option<Confinement>, SpawnError> {
+    spec.sandbox
+        .as_ref()
+        .map(|sandbox| sandbox.prepare(&spec.script, spec.cwd.as_deref(), spec.network))
+        .transpose()
+        .map(Option::flatten)
+}
+
+/// The spec's environment, after the confinement's own (TMPDIR, HOME, MPLCONFIGDIR).
+fn worker_env(spec: &WorkerSpec, confinement: Option<&Confinement>) -> Vec<(String, String)> {
+    let mut env = confinement.map(Confinement::env).unwrap_or_default();
+    env.extend(spec.env.iter().cloned());
+    env
+}
+
 /// Spawns a fresh interpreter running the worker package.
 fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
+    verify_worker_package(&spec.script)?;
+    let confinement = confine(spec)?;
     let leaf = create_leaf(spec)?;
     let (host, child) = worker_pipes()?;
     let mut args = Vec::new();
@@ -259,6 +303,11 @@ fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
         args.push("--preload".to_owned());
         args.push(spec.preload.join(","));
     }
+    if let Some(plan) = confinement.as_ref().and_then(Confinement::plan) {
+        args.push("--sandbox".to_owned());
+        args.push(serde_json::to_string(plan).expect("a sandbox plan serializes"));
+    }
+    let env = worker_env(spec, confinement.as_ref());
     let mut command = tokio::process::Command::from(child_command(ChildPlan {
         python: &spec.python,
         script: &spec.script,
@@ -276,7 +325,7 @@ fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
             },
         ],
         cwd: spec.cwd.as_deref(),
-        env: &spec.env,
+        env: &env,
         rlimits: RlimitPlan::new(spec.limits, leaf.is_some()),
     }));
     command.kill_on_drop(false);
@@ -297,11 +346,13 @@ fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
         writer,
         events,
         leaf,
+        confinement,
     })
 }
 
 /// Has the zygote fork a worker, contains it, then lets it start.
 async fn fork_process(spec: &WorkerSpec, zygote: &Zygote) -> Result<Spawned, SpawnError> {
+    let confinement = confine(spec)?;
     let leaf = create_leaf(spec)?;
     let (host, child) = worker_pipes()?;
     let stdin = File::open("/dev/null").map_err(SpawnError::Pipe)?;
@@ -330,8 +381,9 @@ async fn fork_process(spec: &WorkerSpec, zygote: &Zygote) -> Result<Spawned, Spa
             child.replies,
         ],
         cwd,
-        env: spec.env.clone(),
+        env: worker_env(spec, confinement.as_ref()),
         rlimits: RlimitPlan::new(spec.limits, leaf.is_some()).to_wire(),
+        sandbox: confinement.as_ref().and_then(Confinement::plan).cloned(),
     };
     let forked = tokio::time::timeout(spec.handshake_timeout, zygote.fork(order))
         .await
@@ -358,6 +410,7 @@ async fn fork_process(spec: &WorkerSpec, zygote: &Zygote) -> Result<Spawned, Spa
         writer,
         events,
         leaf,
+        confinement,
     })
 }
 
@@ -438,39 +491,38 @@ pub(crate) struct ChildPlan<'a> {
     pub fds: Vec<FdMapping>,
     /// Working directory; the host's when `None`.
     pub cwd: Option<&'a Path>,
-    /// Environment variables on top of the host's.
+    /// Environment variables on top of those of [`INHERITED_VARS`] the host has.
     pub env: &'a [(String, String)],
     pub rlimits: RlimitPlan,
 }
 
-/// Variables the service manager sets for the process it started, never for its children.
-const SERVICE_MANAGER_VARS: [&str; 5] = [
-    "NOTIFY_SOCKET",
-    "WATCHDOG_USEC",
-    "WATCHDOG_PID",
-    "LISTEN_FDS",
-    "LISTEN_PID",
-];
+/// The host's variables a child gets (and every `LC_*` one): nothing else of the host's
+/// environment, which may hold the daemon's socket path, tokens or other secrets
+/// (`PYVISOR_*`), or systemd's variables addressed to the daemon alone.
+const INHERITED_VARS: [&str; 4] = ["PATH", "LANG", "TZ", "TERM"];
 
-/// The command that runs `python -I -u script args...` as `plan` says, in its own process
+/// Whether a child gets the host's variable `name`.
+fn inherited(name: &str) -> bool {
+    INHERITED_VARS.contains(&name) || name.starts_with("LC_")
+}
+
+/// The command that runs `python -I -B -u script args...` as `plan` says, in its own process
 /// group, with the death signal, no new privileges, its rlimits and only its own fds.
 pub(crate) fn child_command(plan: ChildPlan<'_>) -> std::process::Command {
     let mut command = std::process::Command::new(plan.python);
     command
         .arg("-I")
+        .arg("-B")
         .arg("-u")
         .arg(plan.script)
         .args(&plan.args)
         .stdin(Stdio::null())
         .stdout(plan.stdout)
         .stderr(plan.stderr)
+        .env_clear()
+        .envs(std::env::vars_os().filter(|(name, _)| name.to_str().is_some_and(inherited)))
         .envs(plan.env.iter().map(|(k, v)| (k, v)))
         .process_group(0);
-    // systemd's variables address the daemon alone: a worker must not ping its watchdog
-    // or report readiness for it.
-    for var in SERVICE_MANAGER_VARS {
-        command.env_remove(var);
-    }
     if let Some(cwd) = plan.cwd {
         command.current_dir(cwd);
     }
@@ -594,6 +646,7 @@ async fn wait_for_hello(
                 pid,
                 python_version,
                 executable,
+                sandbox,
             }) => {
                 if protocol != PROTOCOL_VERSION {
                     return Err(failure(
@@ -605,6 +658,7 @@ async fn wait_for_hello(
                     pid,
                     python_version,
                     executable,
+                    sandbox,
                 });
             }
             WorkerEvent::Output { stream, bytes } => {

@@ -58,10 +58,11 @@ use nix::sys::socket::{
     recv, sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
 };
 use nix::unistd::{pipe2, read, write};
-use pyvisor_protocol::{Rlimit, ZygoteReply, ZygoteRequest};
+use pyvisor_protocol::{Rlimit, SandboxPlan, ZygoteReply, ZygoteRequest};
 use tokio::sync::oneshot;
 
 use super::janitor::Janitor;
+use super::script::verify_worker_package;
 use super::spawn::{child_command, kill_group, ChildPlan, RlimitPlan};
 use crate::errors::SpawnError;
 use crate::limits::ProcessLimits;
@@ -94,6 +95,8 @@ pub(crate) struct ForkOrder {
     pub cwd: Option<String>,
     pub env: Vec<(String, String)>,
     pub rlimits: Vec<Rlimit>,
+    /// How the child confines itself before it waits for its start frame.
+    pub sandbox: Option<SandboxPlan>,
 }
 
 /// A child that the zygote has forked; it waits for its start frame.
@@ -345,6 +348,8 @@ impl Server {
 
     /// Starts a zygote process; it is ready once it says so.
     fn launch(&mut self) -> Result<(), SpawnError> {
+        // A restarted zygote, too, imports nothing a session could have written.
+        verify_worker_package(&self.script)?;
         let (control, zygote_end) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -418,12 +423,14 @@ impl Server {
             cwd,
             env,
             rlimits,
+            sandbox,
         } = order;
         let request = ZygoteRequest::Fork {
             id,
             cwd,
             env,
             rlimits,
+            sandbox,
         };
         let payload = match serde_json::to_vec(&request) {
             Ok(payload) => payload,
@@ -630,6 +637,7 @@ mod tests {
             cwd: None,
             env: Vec::new(),
             rlimits: Vec::new(),
+            sandbox: None,
         };
         let forked = zygote.fork(order).await.unwrap();
         // Set up, the child blocks reading fd 3 on its main thread, having said nothing.

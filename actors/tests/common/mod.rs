@@ -51,6 +51,8 @@ pub fn spec(preload: &[&str], zygote: Option<Arc<Zygote>>) -> WorkerSpec {
         janitor: Some(setup.janitor.clone()),
         preload: preload.iter().map(|m| m.to_string()).collect(),
         zygote,
+        sandbox: None,
+        network: true,
     }
 }
 

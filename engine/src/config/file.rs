@@ -28,9 +28,11 @@ use crate::errors::ConfigError;
 
 mod limits;
 mod proactive;
+mod sandbox;
 mod server;
 pub use limits::{LimitCeilings, LimitSettings};
 pub use proactive::ProactiveSettings;
+pub use sandbox::SandboxSettings;
 pub use server::{ServerSettings, TokenSettings};
 
 /// The variable that names a config file, second in the search order.
@@ -57,6 +59,7 @@ pub struct Settings {
     pub limits: LimitSettings,
     pub state: StateSettings,
     pub proactive: ProactiveSettings,
+    pub sandbox: SandboxSettings,
 }
 
 /// `[engine]`: how workers are started (see [`EngineConfig`]).
@@ -304,6 +307,7 @@ impl Settings {
             limits,
             state,
             proactive,
+            sandbox,
         } = self;
         if !server.http.is_empty() && super::resolve::http_addr(&server.http).is_none() {
             return Err((
@@ -344,6 +348,7 @@ impl Settings {
         at_least("state.total_disk_mb", state.total_disk_mb as usize, 1)?;
         seconds("state.auto_min_interval_s", state.auto_min_interval_s, true)?;
         proactive.validate()?;
+        sandbox.validate()?;
         Ok(())
     }
 }

@@ -156,6 +156,7 @@ impl Settings {
                 },
             },
             proactive: self.proactive.config(),
+            sandbox: self.sandbox.config(),
             ..defaults
         }
     }

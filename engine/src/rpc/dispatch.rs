@@ -163,6 +163,7 @@ impl Dispatcher {
             env: params.env.unwrap_or_default().into_iter().collect(),
             limits,
             proactive: params.proactive,
+            network: params.network,
         };
         let session = self.engine.create_session(options).await?;
         let (pid, python_version) = match session.pid() {
@@ -535,6 +536,15 @@ async fn session_info(session: &Session) -> Result<wire::SessionInfo, EngineErro
         },
         cpu_s: snapshot.cpu_s,
         proactive: snapshot.proactive,
+        sandbox: snapshot
+            .sandbox
+            .map(|applied| wire::SandboxInfo {
+                uid: applied.uid,
+                landlock: applied.landlock.map(|abi| format!("abi {abi}")),
+                seccomp: applied.seccomp,
+                network: applied.network,
+            })
+            .unwrap_or_default(),
     })
 }
 

@@ -33,6 +33,10 @@ pub struct CreateParams {
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proactive: Option<bool>,
+    /// Whether the session may open internet sockets; the engine's `[sandbox] network` when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
 }
 
 /// Per-session limits of `session.create`; absent ones keep the engine's defaults.
@@ -206,6 +210,34 @@ pub struct SessionInfo {
     /// when the session is not proactive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proactive: Option<ProactiveStats>,
+    /// How the session's worker is confined (docs/security.md).
+    #[serde(default)]
+    pub sandbox: SandboxInfo,
+}
+
+/// `sandbox` of `session.info`: the layers the worker applied to itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    /// The worker's own uid; `null` when it runs as the engine's user.
+    pub uid: Option<u32>,
+    /// `"abi N"` when Landlock confines its file access, else `null`.
+    pub landlock: Option<String>,
+    /// Whether the seccomp filter is installed.
+    pub seccomp: bool,
+    /// Whether it may open internet sockets.
+    pub network: bool,
+}
+
+impl Default for SandboxInfo {
+    /// An unconfined worker.
+    fn default() -> Self {
+        Self {
+            uid: None,
+            landlock: None,
+            seccomp: false,
+            network: true,
+        }
+    }
 }
 
 /// `durability` of `session.info`: whether a crash now would lose anything.

@@ -1,0 +1,337 @@
+//! The host's side of worker confinement: the engine-wide [`Sandbox`] policy, the uid each
+//! worker leases from its range, the worker's private directories, and the [`SandboxPlan`]
+//! the worker applies to itself (pyworker/pyvisor_worker/sandbox.py) before any session code
+//! runs.
+//!
+//! A uid is leased to one live worker at a time. When the worker ends, every process still
+//! running under its uid is killed (a short-lived helper becomes that uid and signals -1)
+//! before the uid goes back to the free set, so that no survivor of one session shares a uid
+//! with the next. The worker's directories (`work`, the default working directory, and `tmp`,
+//! its TMPDIR, HOME and MPLCONFIGDIR) are 0700 and owned by its uid, and are removed with it.
+
+use std::collections::BTreeSet;
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::ops::RangeInclusive;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pyvisor_protocol::SandboxPlan;
+
+use crate::errors::SpawnError;
+
+/// Rounds of `kill(-1, SIGKILL)` at most when a uid is swept: until none is left, with
+/// zombies (still signalable until reaped) bounding it.
+const SWEEP_ROUNDS: usize = 64;
+
+/// Which layers confine the workers of an engine, and where their directories go.
+#[derive(Debug)]
+pub struct Sandbox {
+    uids: Option<UidPool>,
+    /// Restrict file access with Landlock.
+    pub landlock: bool,
+    /// Install the seccomp filter.
+    pub seccomp: bool,
+    /// Where each worker's private directory is made (created 0711: entered, not listed).
+    dirs: PathBuf,
+    /// Readable by every worker besides the system paths (the worker package is added).
+    read: Vec<PathBuf>,
+    /// Readable and writable by every worker besides its own directory.
+    write: Vec<PathBuf>,
+    next_dir: AtomicU64,
+}
+
+/// What a [`Sandbox`] is made of.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxSetup {
+    /// Give every worker its own uid from this range (gid = uid); requires root.
+    pub uid_range: Option<RangeInclusive<u32>>,
+    pub landlock: bool,
+    pub seccomp: bool,
+    /// Where the workers' private directories are made.
+    pub dirs: PathBuf,
+    pub read: Vec<PathBuf>,
+    pub write: Vec<PathBuf>,
+}
+
+impl Sandbox {
+    /// The policy of `setup`; creates its directory for worker directories.
+    pub fn new(setup: SandboxSetup) -> io::Result<Sandbox> {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(&setup.dirs)?;
+        Ok(Sandbox {
+            uids: setup.uid_range.map(UidPool::new),
+            landlock: setup.landlock,
+            seccomp: setup.seccomp,
+            dirs: setup.dirs,
+            read: setup.read,
+            write: setup.write,
+            next_dir: AtomicU64::new(1),
+        })
+    }
+
+    /// Leases a uid and makes the directories of one worker that runs `script`, in `cwd`
+    /// when given (used as is), else in its own work directory. `None` when no layer is on
+    /// and the worker may use the network: such a worker is not confined at all. Without
+    /// the network, the seccomp filter is always installed (it refuses the sockets).
+    pub(crate) fn prepare(
+        self: &Arc<Self>,
+        script: &Path,
+        cwd: Option<&Path>,
+        network: bool,
+    ) -> Result<Option<Confinement>, SpawnError> {
+        if self.uids.is_none() && !self.landlock && !self.seccomp && network {
+            return Ok(None);
+        }
+        let uid = match &self.uids {
+            Some(pool) => Some(pool.lease()?),
+            None => None,
+        };
+        let root = self.dirs.join(format!(
+            "w-{}",
+            self.next_dir.fetch_add(1, Ordering::Relaxed)
+        ));
+        // Built first, so that a failure below returns the uid and removes what was made.
+        let mut confinement = Confinement {
+            sandbox: self.clone(),
+            uid,
+            root: root.clone(),
+            plan: None,
+        };
+        make_worker_dirs(&root, uid).map_err(|source| SpawnError::Sandbox {
+            reason: format!("create {}: {source}", root.display()),
+        })?;
+        let text = |path: &Path| path.to_string_lossy().into_owned();
+        let mut read: Vec<String> = self.read.iter().map(|p| text(p)).collect();
+        read.push(text(script));
+        let mut write: Vec<String> = self.write.iter().map(|p| text(p)).collect();
+        write.push(text(&root));
+        write.extend(cwd.map(text));
+        let work = root.join("work");
+        confinement.plan = Some(SandboxPlan {
+            uid,
+            network,
+            landlock: self.landlock,
+            seccomp: self.seccomp || !network,
+            read,
+            write,
+            cwd: Some(text(cwd.unwrap_or(&work))),
+        });
+        Ok(Some(confinement))
+    }
+}
+
+/// Creates `root` with `work` and `tmp` in it, all 0700 and owned by `uid` when given.
+fn make_worker_dirs(root: &Path, uid: Option<u32>) -> io::Result<()> {
+    for dir in [root.to_path_buf(), root.join("work"), root.join("tmp")] {
+        DirBuilder::new().mode(0o700).create(&dir)?;
+        if let Some(uid) = uid {
+            std::os::unix::fs::chown(&dir, Some(uid), Some(uid))?;
+        }
+    }
+    Ok(())
+}
+
+/// One worker's share of the sandbox: its uid lease, its directories and its plan. Dropping
+/// it, once the worker is dead, kills whatever still runs under the uid, removes the
+/// directories and frees the uid.
+#[derive(Debug)]
+pub struct Confinement {
+    sandbox: Arc<Sandbox>,
+    uid: Option<u32>,
+    root: PathBuf,
+    plan: Option<SandboxPlan>,
+}
+
+impl Confinement {
+    /// The uid the worker runs as, when it has its own.
+    pub fn uid(&self) -> Option<u32> {
+        self.uid
+    }
+
+    /// The plan the worker applies to itself.
+    pub(crate) fn plan(&self) -> Option<&SandboxPlan> {
+        self.plan.as_ref()
+    }
+
+    /// The worker's private temp dir, as TMPDIR, HOME and MPLCONFIGDIR.
+    pub(crate) fn env(&self) -> Vec<(String, String)> {
+        let tmp = self.root.join("tmp").to_string_lossy().into_owned();
+        ["TMPDIR", "HOME", "MPLCONFIGDIR"]
+            .into_iter()
+            .map(|name| (name.to_owned(), tmp.clone()))
+            .collect()
+    }
+
+    /// Where the worker's checkpoints are written: a directory of its own that it can
+    /// write, on the same file system as the checkpoint store's scratch directory.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.root.clone()
+    }
+}
+
+impl Drop for Confinement {
+    fn drop(&mut self) {
+        if let Some(uid) = self.uid {
+            if let Err(err) = kill_every_process_of(uid) {
+                // The uid stays leased: a survivor must never share it with the next worker.
+                tracing::error!(uid, error = %err, "cannot sweep a worker uid; it is retired");
+                let _ = fs::remove_dir_all(&self.root);
+                return;
+            }
+        }
+        let _ = fs::remove_dir_all(&self.root);
+        if let (Some(uid), Some(pool)) = (self.uid, &self.sandbox.uids) {
+            pool.release(uid);
+        }
+    }
+}
+
+/// The kernel's Landlock ABI version; `None` without Landlock (or with it disabled).
+pub fn landlock_abi() -> Option<u32> {
+    const CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: with the VERSION flag the syscall reads no memory and returns a number.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(abi).ok().filter(|abi| *abi > 0)
+}
+
+/// Whether the kernel filters syscalls with seccomp (its status line exists).
+pub fn seccomp_available() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .is_ok_and(|status| status.lines().any(|line| line.starts_with("Seccomp:")))
+}
+
+/// Checks that `uid` can run `python` on the worker package `script` (every directory on
+/// the way must be open to it): the interpreter starts and imports the package's sandbox
+/// module as that uid. The error says why not.
+pub fn probe_uid(python: &Path, script: &Path, uid: u32) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+
+    let import = "import sys; sys.path.insert(0, sys.argv[1]); import pyvisor_worker.sandbox";
+    let output = std::process::Command::new(python)
+        .args(["-I", "-B", "-c", import])
+        .arg(script)
+        .env_clear()
+        .current_dir("/")
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .map_err(|err| format!("run {} as uid {uid}: {err}", python.display()))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} cannot run the worker package {} as uid {uid} ({}): {}",
+        python.display(),
+        script.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    ))
+}
+
+/// The uids of a range not leased to a live worker.
+#[derive(Debug)]
+struct UidPool {
+    range: RangeInclusive<u32>,
+    free: Mutex<BTreeSet<u32>>,
+}
+
+impl UidPool {
+    fn new(range: RangeInclusive<u32>) -> UidPool {
+        UidPool {
+            free: Mutex::new(range.clone().collect()),
+            range,
+        }
+    }
+
+    fn lease(&self) -> Result<u32, SpawnError> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.pop_first().ok_or_else(|| SpawnError::UidsExhausted {
+            first: *self.range.start(),
+            last: *self.range.end(),
+        })
+    }
+
+    fn release(&self, uid: u32) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.insert(uid);
+    }
+}
+
+/// Kills every process running as `uid`: a forked helper takes the uid and sends SIGKILL to
+/// every process it may signal (which, as that uid, are exactly the uid's), until none is
+/// left or [`SWEEP_ROUNDS`] have passed.
+pub(crate) fn kill_every_process_of(uid: u32) -> io::Result<()> {
+    // SAFETY: the child makes raw syscalls only and leaves through _exit, as a fork of a
+    // multithreaded process must.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(io::Error::last_os_error()),
+        0 => unsafe {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(uid, uid, uid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+            {
+                libc::_exit(2);
+            }
+            for _ in 0..SWEEP_ROUNDS {
+                // ESRCH: nothing of the uid is left (kill(-1) spares the caller).
+                if libc::kill(-1, libc::SIGKILL) != 0 {
+                    libc::_exit(0);
+                }
+                libc::sched_yield();
+            }
+            libc::_exit(0)
+        },
+        pid => {
+            let mut status = 0;
+            // SAFETY: waiting for the child just forked.
+            while unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+            if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!(
+                    "the sweeper of uid {uid} failed (wait status {status})"
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uid_is_leased_once_and_the_range_runs_out_with_a_typed_error() {
+        let pool = UidPool::new(61_990..=61_991);
+        let (a, b) = (pool.lease().unwrap(), pool.lease().unwrap());
+        assert_ne!(a, b);
+        let err = pool.lease().unwrap_err();
+        assert!(matches!(
+            err,
+            SpawnError::UidsExhausted {
+                first: 61_990,
+                last: 61_991
+            }
+        ));
+        pool.release(a);
+        assert_eq!(pool.lease().unwrap(), a);
+    }
+}
