@@ -67,6 +67,7 @@
 mod blobs;
 mod envelope;
 mod errors;
+mod handover;
 mod layout;
 mod meta;
 mod store;
@@ -74,6 +75,7 @@ mod store;
 pub use blobs::{BlobRef, GroupSource, LoadedGroup, NewGroup, StoredGroup};
 pub use envelope::{COMPRESSION_THRESHOLD, FORMAT_VERSION};
 pub use errors::{CheckpointError, CorruptionError};
+pub use handover::hand_over_blobs;
 pub use layout::default_state_dir;
 pub use meta::{
     CheckpointId, CheckpointInfo, CheckpointMeta, LoadedCheckpoint, LostName, SkippedCheckpoint,

@@ -10,7 +10,7 @@ use super::super::durability::LastCheckpoint;
 use super::super::messages::RestoreSummary;
 use super::super::{SessionActor, State};
 use super::{remove_dir_later, Pending, RestoreReply, RestoreReport};
-use crate::checkpoint::{CheckpointError, CheckpointId, LoadedCheckpoint};
+use crate::checkpoint::{hand_over_blobs, CheckpointError, CheckpointId, LoadedCheckpoint};
 use crate::errors::SessionError;
 
 impl SessionActor {
@@ -37,10 +37,23 @@ impl SessionActor {
         if recovery {
             self.state = State::Restoring;
         }
+        // A worker under a uid of its own cannot read the store: it gets copies it owns.
+        let handover = self
+            .worker
+            .as_ref()
+            .and_then(|worker| worker.confinement())
+            .and_then(|confinement| Some((confinement.uid()?, confinement.checkpoint_dir())));
         let loaded = tokio::task::spawn_blocking(move || {
-            let loaded = setup.store.load(&setup.key, id)?;
+            let mut loaded = setup.store.load(&setup.key, id)?;
             for skipped in &loaded.skipped {
                 tracing::warn!(checkpoint = %skipped.id, reason = %skipped.reason, "skipped a corrupt checkpoint");
+            }
+            if let Some((uid, area)) = handover {
+                hand_over_blobs(&mut loaded, uid, &area).map_err(|source| CheckpointError::Io {
+                    action: "hand the checkpoint's blobs to the worker's uid",
+                    path: area.clone(),
+                    source,
+                })?;
             }
             Ok::<_, CheckpointError>(loaded)
         });
