@@ -240,7 +240,7 @@ fn run_system(
 fn supervisor_config(
     config: &EngineConfig,
     (counters, proactive): (Arc<EngineCounters>, Arc<ProactiveCounters>),
-) -> Result<(SupervisorConfig, PathBuf, (Option<HeldStateDir>, Scratch)), EngineError> {
+) -> Result<(SupervisorConfig, PathBuf, HeldDirs), EngineError> {
     let python = resolve_interpreter(&config.python)?;
     let sandbox_base = sandbox_base(config);
     // Workers with uids of their own must reach the package: a root-owned one beside their
@@ -302,7 +302,11 @@ fn supervisor_config(
         },
         quotas: config.quotas,
     };
-    Ok((supervisor, package, (held_state_dir, sandbox_dirs)))
+    let held = HeldDirs {
+        _state: held_state_dir,
+        _sandbox: sandbox_dirs,
+    };
+    Ok((supervisor, package, held))
 }
 
 /// Where the sandbox keeps the workers' directories (and, with uid separation, the worker
@@ -392,6 +396,13 @@ fn start_sandbox(
     let sandbox = Sandbox::new(setup)
         .map_err(|e| EngineError::Start(format!("create the sandbox directory: {e}")))?;
     Ok((Arc::new(sandbox), dirs))
+}
+
+/// The directories an engine holds for its whole life.
+struct HeldDirs {
+    _state: Option<HeldStateDir>,
+    /// The workers' private directories.
+    _sandbox: Scratch,
 }
 
 /// What an engine holds of its state directory for its whole life.

@@ -126,7 +126,7 @@ pub enum Backend {
         keep: bool,
     },
     Embedded {
-        session: Session,
+        session: Box<Session>,
         /// Keeps the engine, and so the session's worker, alive; dropped after `session`.
         _engine: Engine,
         /// The engine's own state directory, if it keeps checkpoints; removed after it.
@@ -184,7 +184,7 @@ impl Backend {
         let engine = Engine::start(config).await?;
         let session = engine.create_session(Default::default()).await?;
         Ok(Backend::Embedded {
-            session,
+            session: Box::new(session),
             _engine: engine,
             _state_dir: state_dir,
         })

@@ -52,20 +52,23 @@ pub async fn run(args: ServeArgs) -> u8 {
         .server
         .socket_access()
         .and_then(|socket| Ok((socket, settings.server.http_access()?)));
-    let (socket_access, http_access) = match access {
+    let (mut socket_access, http_access) = match access {
         Ok(access) => access,
         Err(err) => {
             eprintln!("pyvisor: {err}");
             return EXIT_USAGE;
         }
     };
+    let engine = settings.engine_config();
+    // Session code runs under these uids: it never speaks to the daemon.
+    socket_access.refused_uids = engine.sandbox.uid_range.clone();
     let listen = if args.stdio {
         Listen::Stdio
     } else {
         Listen::Socket(settings.socket_path())
     };
     let options = ServeOptions {
-        engine: settings.engine_config(),
+        engine,
         listen,
         socket_access,
         max_request_bytes: settings.server.max_request_bytes,
