@@ -1,10 +1,11 @@
-//! Handing a loaded checkpoint's blobs to a worker that runs under a uid of its own.
+//! Handing a loaded checkpoint's blobs to a confined worker.
 //!
-//! The store's files belong to the engine (mode 0600): a worker with its own uid can read
-//! none of them, which is the point, since they hold every session's state. Before such a
-//! worker restores, the blobs it needs are copied into a directory it owns (inside its own
-//! private area), and the load's paths point there; the copies go when the restore is done,
-//! like the decompressed blobs of any load.
+//! The store holds every session's state, so a confined worker can read none of it: its
+//! files belong to the engine (mode 0600) when the worker has a uid of its own, and Landlock
+//! lets a worker read only its own directories. Before such a worker restores, the blobs it
+//! needs are copied into a directory of its own (inside its private area), and the load's
+//! paths point there; the copies go when the restore is done, like the decompressed blobs of
+//! any load.
 
 use std::fs::{self, DirBuilder};
 use std::io;
@@ -17,9 +18,14 @@ use super::meta::LoadedCheckpoint;
 /// Prefix of the directory of handed-over blobs.
 const HANDOVER_PREFIX: &str = "restore-";
 
-/// Copies the blobs of `loaded` into a new directory under `area` owned by `uid` (mode 0700,
-/// files 0600), points the load at the copies and drops the store-side decompressed ones.
-pub fn hand_over_blobs(loaded: &mut LoadedCheckpoint, uid: u32, area: &Path) -> io::Result<()> {
+/// Copies the blobs of `loaded` into a new directory under `area` (mode 0700, files 0600;
+/// owned by `uid` when the worker has one), points the load at the copies and drops the
+/// store-side decompressed ones.
+pub fn hand_over_blobs(
+    loaded: &mut LoadedCheckpoint,
+    uid: Option<u32>,
+    area: &Path,
+) -> io::Result<()> {
     if loaded.groups.is_empty() {
         return Ok(());
     }
@@ -33,10 +39,10 @@ pub fn hand_over_blobs(loaded: &mut LoadedCheckpoint, uid: u32, area: &Path) -> 
             let copy = dir.join(name);
             fs::copy(&group.path, &copy)?;
             fs::set_permissions(&copy, fs::Permissions::from_mode(0o600))?;
-            chown(&copy, Some(uid), Some(uid))?;
+            chown(&copy, uid, uid)?;
             group.path = copy;
         }
-        chown(&dir, Some(uid), Some(uid))
+        chown(&dir, uid, uid)
     })();
     if let Err(err) = copied {
         let _ = fs::remove_dir_all(&dir);

@@ -153,6 +153,12 @@ impl Confinement {
         self.uid
     }
 
+    /// Whether the worker cannot read the checkpoint store (a uid of its own, or Landlock):
+    /// a restore must hand it copies of the blobs, in [`Self::checkpoint_dir`].
+    pub fn cannot_read_the_store(&self) -> bool {
+        self.uid.is_some() || self.plan.as_ref().is_some_and(|plan| plan.landlock)
+    }
+
     /// The plan the worker applies to itself.
     pub(crate) fn plan(&self) -> Option<&SandboxPlan> {
         self.plan.as_ref()

@@ -13,7 +13,7 @@ use pyvisor::errors::ConfigError;
 use pyvisor::rpc::wire::{CreateParams, ExecuteParams};
 use pyvisor::{
     Engine, EngineConfig, EngineError, ExecuteRequest, Execution, ExecutionEvent, PoolConfig,
-    Session, StateConfig,
+    SandboxConfig, Session, StateConfig,
 };
 use thiserror::Error;
 
@@ -167,8 +167,11 @@ impl Backend {
             ),
             false => None,
         };
-        // One session for one command: ready workers or a zygote would only cost time.
+        // One session for one command: ready workers or a zygote would only cost time. It
+        // runs the user's own code as the user, in the current directory: `[sandbox]`
+        // confines the daemon's sessions, not this one.
         let config = EngineConfig {
+            sandbox: SandboxConfig::default(),
             pool: PoolConfig {
                 min_idle: 0,
                 ..config.pool

@@ -37,12 +37,13 @@ impl SessionActor {
         if recovery {
             self.state = State::Restoring;
         }
-        // A worker under a uid of its own cannot read the store: it gets copies it owns.
+        // A confined worker cannot read the store: it gets copies of its own.
         let handover = self
             .worker
             .as_ref()
             .and_then(|worker| worker.confinement())
-            .and_then(|confinement| Some((confinement.uid()?, confinement.checkpoint_dir())));
+            .filter(|confinement| confinement.cannot_read_the_store())
+            .map(|confinement| (confinement.uid(), confinement.checkpoint_dir()));
         let loaded = tokio::task::spawn_blocking(move || {
             let mut loaded = setup.store.load(&setup.key, id)?;
             for skipped in &loaded.skipped {
