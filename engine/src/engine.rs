@@ -249,8 +249,7 @@ fn supervisor_config(
         Some(_) => sandbox_base.clone(),
         None => config.cache_dir(),
     };
-    let package = install_worker_package(&package_dir)?;
-    compile_worker_package(&python, &package);
+    let mut package = install_worker_package(&package_dir)?;
     let janitor = Arc::new(Janitor::start(&python)?);
     let (state, held_state_dir) = open_state(&config.state)?.unzip();
     let (sandbox, sandbox_dirs) = start_sandbox(
@@ -260,6 +259,11 @@ fn supervisor_config(
         &sandbox_base,
         state.as_ref().map(|state| state.scratch.clone()),
     )?;
+    if package_dir != config.cache_dir() && !sandbox.separates_uids() {
+        // The range's uids turned out unusable: the package goes where it always is.
+        package = install_worker_package(&config.cache_dir())?;
+    }
+    compile_worker_package(&python, &package);
     let zygote = start_zygote(config, &python, &package, &janitor);
     let supervisor = SupervisorConfig {
         worker: WorkerSpec {

@@ -260,7 +260,10 @@ async fn landlock_keeps_workers_apart_even_without_uid_separation() {
     // Landlock alone keeps the store out of reach too: a crash still restores, from copies.
     run(&b, "rows = list(range(50_000))").await;
     b.checkpoint().await.expect("a checkpoint");
-    assert_eq!(run(&b, "import os; os._exit(3)").await.status, ExecutionStatus::Crashed);
+    assert_eq!(
+        run(&b, "import os; os._exit(3)").await.status,
+        ExecutionStatus::Crashed
+    );
     assert_eq!(value(&b, "len(rows)").await, "50000");
 }
 

@@ -78,6 +78,11 @@ impl Sandbox {
     /// when given (used as is), else in its own work directory. `None` when no layer is on
     /// and the worker may use the network: such a worker is not confined at all. Without
     /// the network, the seccomp filter is always installed (it refuses the sockets).
+    /// Whether every worker gets a uid of its own.
+    pub fn separates_uids(&self) -> bool {
+        self.uids.is_some()
+    }
+
     pub(crate) fn prepare(
         self: &Arc<Self>,
         script: &Path,
