@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyvisor_actors::worker::{
-    compile_worker_package, install_worker_package, resolve_interpreter, Janitor, Worker,
-    WorkerEvent, WorkerOrigin, WorkerSpec, Zygote,
+    install_worker_package, resolve_interpreter, Janitor, Worker, WorkerEvent, WorkerOrigin,
+    WorkerSpec, Zygote,
 };
 use pyvisor_actors::ProcessLimits;
 
@@ -105,7 +105,6 @@ fn main() {
     let cache = std::env::temp_dir().join(format!("pyvisor-bench-spawn-{}", std::process::id()));
     let package = install_worker_package(&cache).expect("the worker package installs");
     // Compiled as the engine runs it, so no spawn pays for compiling the package.
-    compile_worker_package(&python, &package);
     let bench = Bench {
         script: package,
         janitor: Arc::new(Janitor::start(&python).expect("the janitor starts")),

@@ -26,9 +26,8 @@ use pyvisor_actors::supervisor::{
     SessionOptions, StateOptions, StopAll, Supervisor, SupervisorConfig,
 };
 use pyvisor_actors::worker::{
-    compile_worker_package, install_worker_package, landlock_abi, probe_uid, resolve_interpreter,
-    seccomp_available, CgroupManager, CgroupMechanism, Janitor, Sandbox, SandboxSetup, WorkerSpec,
-    Zygote,
+    install_worker_package, landlock_abi, probe_uid, resolve_interpreter, seccomp_available,
+    CgroupManager, CgroupMechanism, Janitor, Sandbox, SandboxSetup, WorkerSpec, Zygote,
 };
 use pyvisor_actors::ProcessLimits;
 use tokio::sync::oneshot;
@@ -165,13 +164,12 @@ impl Engine {
     }
 
     /// Resolves `python` (a name on `PATH` or a path) to an interpreter a session can run
-    /// on through [`SessionOptions::python`], with the worker package compiled for it.
+    /// on through [`SessionOptions::python`].
     pub async fn interpreter(&self, python: &str) -> Result<Interpreter, EngineError> {
         let python = python.to_owned();
         let package = self.inner.worker_package.clone();
         tokio::task::spawn_blocking(move || {
             let python = resolve_interpreter(&python)?;
-            compile_worker_package(&python, &package);
             Ok(Interpreter {
                 python,
                 script: package,
@@ -263,7 +261,6 @@ fn supervisor_config(
         // The range's uids turned out unusable: the package goes where it always is.
         package = install_worker_package(&config.cache_dir())?;
     }
-    compile_worker_package(&python, &package);
     let zygote = start_zygote(config, &python, &package, &janitor);
     let supervisor = SupervisorConfig {
         worker: WorkerSpec {

@@ -3,6 +3,7 @@
 //! exit, writing frames to it, and confining it (its own uid, Landlock, seccomp).
 
 mod cgroup;
+mod child;
 mod exit;
 mod janitor;
 mod output;
@@ -20,8 +21,7 @@ pub use output::{CappedOutput, Utf8Chunker};
 pub use pump::WorkerEvent;
 pub use sandbox::{landlock_abi, probe_uid, seccomp_available, Confinement, Sandbox, SandboxSetup};
 pub use script::{
-    compile_worker_package, install_worker_package, resolve_interpreter, verify_worker_package,
-    WORKER_FILES,
+    install_worker_package, resolve_interpreter, verify_worker_package, WORKER_FILES,
 };
 pub use spawn::{Worker, WorkerInfo, WorkerOrigin, WorkerSpec};
 pub use writer::FrameWriter;

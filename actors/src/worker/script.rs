@@ -10,9 +10,11 @@
 //! 0600); `-B` keeps interpreters from writing bytecode. [`install_worker_package`] checks
 //! every byte against the embedded sources and removes anything else (a planted
 //! `__pycache__` included), then records each file's identity (device, inode, size, change
-//! time) with the bytecode it compiles; [`verify_worker_package`], before every zygote start
+//! time); [`verify_worker_package`], before every zygote start
 //! and every plain spawn, checks that the directory holds exactly those files, unchanged
-//! (any write or rename changes a change time), and reinstalls it otherwise.
+//! (any write or rename changes a change time), and reinstalls it otherwise. There is no
+//! bytecode to trust either: each interpreter compiles the package in memory when it starts
+//! (about 15 ms, once per zygote), so engines sharing the directory never race to write it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -98,8 +100,8 @@ pub fn install_worker_package(cache_dir: &Path) -> Result<PathBuf, SpawnError> {
     Ok(package)
 }
 
-/// Checks that `package` holds exactly the files [`install_worker_package`] (and
-/// [`compile_worker_package`]) left there, unchanged; installs it again when it does not.
+/// Checks that `package` holds exactly the files [`install_worker_package`] left there,
+/// unchanged; installs it again when it does not.
 /// Reads no file: a directory walk and a stat of each file, a few tens of microseconds.
 pub fn verify_worker_package(package: &Path) -> Result<(), SpawnError> {
     let recorded = identities()
@@ -115,15 +117,13 @@ pub fn verify_worker_package(package: &Path) -> Result<(), SpawnError> {
     let cache_dir = package
         .parent()
         .expect("the package is in the cache directory");
-    let _ = fs::remove_dir_all(package.join("__pycache__"));
-    let _ = fs::remove_dir_all(package.join("pyvisor_worker").join("__pycache__"));
     install_worker_package(cache_dir).map(|_| ())
 }
 
 /// Identity of every file of a package, by path: what [`verify_worker_package`] compares.
 type Identity = BTreeMap<PathBuf, (u64, u64, u64, i64, i64)>;
 
-/// The identity of each installed package (and its bytecode), recorded by this process.
+/// The identity of each installed package, recorded by this process.
 fn identities() -> &'static Mutex<HashMap<PathBuf, Identity>> {
     static IDENTITIES: OnceLock<Mutex<HashMap<PathBuf, Identity>>> = OnceLock::new();
     IDENTITIES.get_or_init(Mutex::default)
@@ -161,8 +161,7 @@ fn identity_of(dir: &Path) -> io::Result<Identity> {
     Ok(identity)
 }
 
-/// Removes everything under `dir` that is not a file of the package or the bytecode this
-/// process compiled (none yet when installing: it is compiled afresh).
+/// Removes everything under `dir` that is not a file of the package.
 fn remove_strangers(package: &Path, dir: &Path) -> io::Result<()> {
     // Another engine may be removing the same strangers: what is gone already is fine.
     let gone = |err: io::Error| match err.kind() {
@@ -239,61 +238,6 @@ fn write_file(path: &Path, contents: &str, modes: Modes) -> io::Result<()> {
     Ok(())
 }
 
-/// Compiles the installed `package` for `python` once, into the `__pycache__` directories
-/// beside its modules, where the interpreter's imports find the bytecode, so that no worker
-/// compiles it at its start (about 12 ms). A marker named after the interpreter's identity
-/// (path, size, modification time) records that it is done, so an upgraded interpreter
-/// compiles it again. A package that cannot be compiled runs all the same: the first worker
-/// to import it compiles it.
-pub fn compile_worker_package(python: &Path, package: &Path) {
-    let Some(marker) = compiled_marker(python, package) else {
-        return;
-    };
-    if marker.exists() {
-        return;
-    }
-    // compileall writes each file to a temporary name and renames it, so a concurrent engine
-    // never imports half a file.
-    const COMPILE: &str =
-        "import compileall, sys; sys.exit(not compileall.compile_dir(sys.argv[1], quiet=1))";
-    let outcome = Command::new(python)
-        .args(["-I", "-c", COMPILE])
-        .arg(package)
-        .output();
-    let problem = match outcome {
-        Ok(output) if output.status.success() => {
-            match fs::write(&marker, b"").and_then(|()| record_identity(package)) {
-                Ok(()) => return,
-                Err(err) => format!("{}: {err}", marker.display()),
-            }
-        }
-        Ok(output) => format!(
-            "{}: {}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout).trim(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ),
-        Err(err) => err.to_string(),
-    };
-    tracing::warn!(error = %problem, "worker package not compiled; workers compile it at start");
-}
-
-/// The file that says `package` is compiled for `python`; `None` when `python` cannot be
-/// looked at.
-fn compiled_marker(python: &Path, package: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-
-    let meta = fs::metadata(python).ok()?;
-    let identity = format!(
-        "{}:{}:{}",
-        python.display(),
-        meta.len(),
-        meta.mtime_nsec() + meta.mtime() * 1_000_000_000
-    );
-    let name = format!("compiled-{:016x}", fnv1a(FNV_OFFSET, identity.as_bytes()));
-    Some(package.join("__pycache__").join(name))
-}
-
 /// Resolves `python` (a name on `PATH` or a path, possibly a pyenv shim) to the real
 /// interpreter binary by asking it for `sys.executable`, so that every spawn skips the shim.
 pub fn resolve_interpreter(python: &str) -> Result<PathBuf, SpawnError> {
@@ -340,9 +284,7 @@ fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::os::unix::fs::PermissionsExt;
-    use std::time::SystemTime;
 
     use super::*;
 
@@ -390,56 +332,6 @@ mod tests {
         assert_eq!(install_worker_package(dir.path()).unwrap(), first);
         assert!(first.join(removed).exists());
         assert_eq!(fs::read_to_string(first.join(changed)).unwrap(), *source);
-    }
-
-    /// Modification time of every file under `dir`, by path.
-    fn modified_times(dir: &Path) -> BTreeMap<PathBuf, SystemTime> {
-        let mut times = BTreeMap::new();
-        for entry in fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                times.extend(modified_times(&path));
-            } else {
-                times.insert(
-                    path.clone(),
-                    fs::metadata(&path).unwrap().modified().unwrap(),
-                );
-            }
-        }
-        times
-    }
-
-    #[test]
-    fn compiles_the_package_once_into_bytecode_the_interpreter_runs() {
-        let dir = tempfile::tempdir().unwrap();
-        let package = install_worker_package(dir.path()).unwrap();
-        let python = resolve_interpreter("python3").unwrap();
-        compile_worker_package(&python, &package);
-        let marker = compiled_marker(&python, &package).unwrap();
-        assert!(marker.exists(), "python3 compiles the worker");
-        for (name, _) in WORKER_FILES {
-            let path = package.join(name);
-            let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
-            let cache = path.parent().unwrap().join("__pycache__");
-            let compiled = fs::read_dir(&cache).unwrap().any(|entry| {
-                let entry = entry.unwrap().file_name().to_string_lossy().into_owned();
-                entry.starts_with(&format!("{stem}.")) && entry.ends_with(".pyc")
-            });
-            assert!(compiled, "{name} has its bytecode in {}", cache.display());
-        }
-        let compiled = modified_times(&package);
-        compile_worker_package(&python, &package);
-        assert_eq!(modified_times(&package), compiled, "compiled once");
-        // The package runs: without fds 3 and 4 the worker says so and exits 1, having
-        // imported every module from the bytecode, which it neither rewrote nor added to.
-        let run = Command::new(&python)
-            .args(["-I", "-u"])
-            .arg(&package)
-            .output()
-            .unwrap();
-        assert_eq!(run.status.code(), Some(1));
-        assert!(String::from_utf8_lossy(&run.stderr).contains("fd 3"));
-        assert_eq!(modified_times(&package), compiled);
     }
 
     #[test]

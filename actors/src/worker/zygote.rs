@@ -61,9 +61,10 @@ use nix::unistd::{pipe2, read, write};
 use pyvisor_protocol::{Rlimit, SandboxPlan, ZygoteReply, ZygoteRequest};
 use tokio::sync::oneshot;
 
+use super::child::{child_command, ChildPlan, RlimitPlan};
 use super::janitor::Janitor;
 use super::script::verify_worker_package;
-use super::spawn::{child_command, kill_group, ChildPlan, RlimitPlan};
+use super::spawn::kill_group;
 use crate::errors::SpawnError;
 use crate::limits::ProcessLimits;
 
