@@ -157,6 +157,13 @@ async fn session_code_cannot_reach_the_daemon_its_secrets_or_other_workers() {
         );
         assert_eq!(attack(&a, &code).await, "EPERM", "{call}");
     }
+    // The cgroups are the engine's: no raising its own pids.max, no moving to the root group.
+    let own_pids_group = "[l.split(':')[2].strip() for l in open('/proc/self/cgroup') if ':pids:' in l or l.startswith('0::')][0]";
+    let pids_max =
+        format!("open('/sys/fs/cgroup/pids' + {own_pids_group} + '/pids.max', 'w').write('max')");
+    assert_eq!(attack(&a, &pids_max).await, "EACCES", "pids.max");
+    let escape = "import os; open('/sys/fs/cgroup/pids/cgroup.procs', 'w').write(str(os.getpid()))";
+    assert_eq!(attack(&a, escape).await, "EACCES", "cgroup.procs");
     assert_eq!(value(&b, "6 * 7").await, "42", "the other session answers");
 }
 
