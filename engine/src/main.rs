@@ -3,17 +3,26 @@
 
 mod cli;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
+    // Logs go to stderr, coloured only on a terminal (never in a log file), and never onto the
+    // REPL's screen unless asked for (`repl --verbose`, or PYVISOR_LOG).
+    let default_level = if args.keeps_the_screen() {
+        "off"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PYVISOR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .init();
     // The engine runs its actors on threads of its own; these serve the connections.

@@ -85,6 +85,28 @@ fn through_the_daemon_a_named_session_outlives_the_repl() {
     assert_eq!(text(&out.stdout), "a? 'yes'\n", "{}", text(&out.stderr));
 }
 
+#[test]
+fn the_engines_warnings_stay_off_the_repl_unless_asked_for() {
+    // A crash makes the engine log a warning; the REPL shows the crash, not the log line.
+    let crash = "import os; os._exit(1)\n";
+    let quiet = repl(&[], crash);
+    assert!(
+        text(&quiet.stderr).contains("WorkerCrashed"),
+        "{}",
+        text(&quiet.stderr)
+    );
+    assert!(
+        !text(&quiet.stderr).contains("WARN"),
+        "{}",
+        text(&quiet.stderr)
+    );
+    let verbose = repl(&["--verbose"], crash);
+    let shown = text(&verbose.stderr);
+    assert!(shown.contains("WARN"), "{shown}");
+    // Not a terminal: no colour codes.
+    assert!(!shown.contains('\x1b'), "{shown:?}");
+}
+
 /// `pyvisor repl` on a pseudo-terminal, as a user at a terminal runs it.
 mod on_a_terminal {
     use std::io::{Read, Write};

@@ -53,6 +53,14 @@ enum Command {
     Replay(ReplayArgs),
 }
 
+impl Cli {
+    /// Whether the command owns the terminal's screen (the REPL without `--verbose`), where
+    /// log lines would land in the middle of the user's session.
+    pub fn keeps_the_screen(&self) -> bool {
+        matches!(&self.command, Command::Repl(args) if !args.verbose())
+    }
+}
+
 /// Runs the parsed command and returns the process exit status.
 pub async fn run(cli: Cli) -> u8 {
     match cli.command {

@@ -26,9 +26,16 @@ pub struct ReplArgs {
     /// Use the daemon's session NAME (created on first use), which outlives the REPL.
     #[arg(long, value_name = "NAME")]
     session: Option<String>,
-    /// Say on stderr whether the daemon or an embedded engine runs the code.
-    #[arg(long)]
+    /// Say on stderr whether the daemon or an embedded engine runs the code, and show the
+    /// engine's warnings (otherwise kept off the REPL's screen; PYVISOR_LOG also shows them).
+    #[arg(short, long)]
     verbose: bool,
+}
+
+impl ReplArgs {
+    pub fn verbose(&self) -> bool {
+        self.verbose
+    }
 }
 
 pub async fn run(args: ReplArgs) -> u8 {
