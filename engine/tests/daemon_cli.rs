@@ -157,6 +157,14 @@ async fn start_status_stop_round_trip() {
     for figure in ["uptime:", "sessions:   0", "pool:", "executions: 0"] {
         assert!(text.contains(figure), "{figure:?} missing: {text}");
     }
+    // The log says where the daemon listens, without colour codes.
+    let log = home.log();
+    let listening = format!(
+        "pyvisor: JSON-RPC on unix socket {}",
+        home.socket().display()
+    );
+    assert!(log.contains(&listening), "{log}");
+    assert!(!log.contains('\x1b'), "{log:?}");
 
     let mut conn = Conn::connect(&home.socket()).await.unwrap();
     let health = conn.call("engine.health", json!({})).await;

@@ -377,6 +377,9 @@ impl Daemon {
             }
         }
         println!("  socket:     {}", self.socket.display());
+        if let Some(addr) = self.settings.http_addr() {
+            println!("  http:       http://{addr} (metrics at http://{addr}/metrics)");
+        }
         println!(
             "  state:      {} (version {})",
             health.status, health.version

@@ -98,7 +98,12 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
     let mut serving = tokio::task::JoinSet::new();
     let listener = listener.map(Arc::new);
     if let Some(listener) = &listener {
-        tracing::info!(socket = %listener.path().display(), "serving JSON-RPC");
+        // One line per listener on stderr (the journal, or the daemon's log file), whatever
+        // the log level: where to reach this daemon.
+        eprintln!(
+            "pyvisor: JSON-RPC on unix socket {}",
+            listener.path().display()
+        );
         let listener = listener.clone();
         let dispatcher = dispatcher.clone();
         let access = Arc::new(options.socket_access.clone());
@@ -132,6 +137,10 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
         )?),
         None => None,
     };
+    if let Some(http) = &http {
+        let addr = http.local_addr();
+        eprintln!("pyvisor: HTTP on http://{addr} (metrics at http://{addr}/metrics)");
+    }
     let warming = {
         let (engine, ready) = (engine.clone(), ready.clone());
         tokio::spawn(async move {
