@@ -29,7 +29,7 @@ mod state_lock;
 pub use config::{EngineConfig, ProactiveConfig, SandboxConfig, SandboxLayer, StateConfig};
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;
-pub use pyvisor_actors::checkpoint::CheckpointInfo;
+pub use pyvisor_actors::checkpoint::{default_state_dir, CheckpointInfo};
 pub use pyvisor_actors::metrics::describe as describe_metrics;
 pub use pyvisor_actors::pool::{PoolConfig, PoolStats};
 pub use pyvisor_actors::proactive::stats::ProactiveStats;

@@ -68,7 +68,7 @@ fn without_a_file_prints_the_defaults() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(
-        stdout.starts_with("# source: built-in defaults\n"),
+        stdout.starts_with("# source: built-in defaults (no config file found)\n"),
         "{stdout}"
     );
     let effective: toml::Table = stdout.parse().expect("the output is TOML");
@@ -123,4 +123,34 @@ fn unknown_env_override_exits_2_naming_the_variable() {
     let out = check(&dir, None, &[("PYVISOR_POOL__SIZE", "3")]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("PYVISOR_POOL__SIZE: unknown key pool.size"));
+}
+
+#[test]
+fn defaults_print_the_resolved_paths_and_never_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = check(
+        &dir,
+        None,
+        &[
+            ("PYVISOR_SERVER__TOKEN", "do-not-print-me"),
+            ("XDG_RUNTIME_DIR", "/run/user/4242"),
+            ("XDG_STATE_HOME", "/var/tmp/state-home"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.starts_with("# source: built-in defaults (no config file found) and the environment overrides below"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("# resolved socket:    /run/user/4242/pyvisor/pyvisor.sock"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("# resolved state dir: /var/tmp/state-home/pyvisor"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("token = \"<set>\""), "{stdout}");
+    assert!(!stdout.contains("do-not-print-me"), "{stdout}");
 }

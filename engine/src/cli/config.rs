@@ -33,20 +33,42 @@ fn check(path: Option<PathBuf>) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let text = match toml::to_string(&loaded.settings) {
+    // A secret is said to be set, never printed.
+    let mut shown = loaded.settings.clone();
+    if !shown.server.token.is_empty() {
+        shown.server.token = "<set>".into();
+    }
+    let text = match toml::to_string(&shown) {
         Ok(text) => text,
         Err(err) => {
             eprintln!("pyvisor: failed to print the configuration: {err}");
             return EXIT_USAGE;
         }
     };
-    match &loaded.source {
-        Some(source) => println!("# source: {}", source.display()),
-        None => println!("# source: built-in defaults"),
+    match (&loaded.source, loaded.overrides.is_empty()) {
+        (Some(source), _) => println!("# source: {}", source.display()),
+        (None, true) => println!("# source: built-in defaults (no config file found)"),
+        (None, false) => println!(
+            "# source: built-in defaults (no config file found) and the environment overrides below"
+        ),
     }
     for var in &loaded.overrides {
         println!("# override: {var}");
     }
+    // What the empty ("default") paths resolve to.
+    let settings = &loaded.settings;
+    let engine = settings.engine_config();
+    println!("# resolved socket:    {}", settings.socket_path().display());
+    println!("# resolved pid file:  {}", settings.pid_file().display());
+    println!("# resolved log file:  {}", settings.log_file().display());
+    match &engine.state.dir {
+        Some(dir) => println!("# resolved state dir: {}", dir.display()),
+        None => match pyvisor::default_state_dir() {
+            Ok(dir) => println!("# resolved state dir: {}", dir.display()),
+            Err(err) => println!("# resolved state dir: none ({err})"),
+        },
+    }
+    println!("# resolved cache dir: {}", engine.cache_dir().display());
     print!("{text}");
     0
 }
