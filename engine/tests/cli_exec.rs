@@ -142,6 +142,29 @@ fn session_without_a_daemon_is_a_usage_error() {
     let out = exec(&["--session", "s", "x = 1"], "");
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--session"));
+    assert!(
+        text(&out.stderr).contains("start one with `pyvisor daemon start`"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn socket_flag_and_env_choose_the_daemon() {
+    let daemon = daemon();
+    let socket = daemon.socket.to_str().unwrap();
+    // `--socket` beats the configured (here: missing) socket.
+    let out = exec(&["--socket", socket, "--verbose", "6 * 7"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains(&format!("using the daemon at {socket}")));
+    // So does $PYVISOR_SOCKET.
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_pyvisor"));
+    command
+        .env("PYVISOR_SERVER__SOCKET", common::NO_DAEMON)
+        .env("PYVISOR_SOCKET", socket);
+    let out = common::run(command, "exec", &["--verbose", "6 * 7"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains(&format!("using the daemon at {socket}")));
 }
 
 /// A daemon for one test; the runtime only starts it (its guard kills it without one).

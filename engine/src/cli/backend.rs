@@ -35,6 +35,10 @@ pub enum BackendError {
 
 /// What a command that runs code asks for.
 pub struct Open<'a> {
+    /// The config file to use instead of the search order's (`--config`).
+    pub config: Option<&'a Path>,
+    /// The daemon's socket, instead of the configured one (`--socket`).
+    pub socket: Option<&'a Path>,
     /// The daemon's session to use; a temporary one when `None`.
     pub session: Option<&'a str>,
     /// Without a daemon, refuse a named session (`exec`: its state would be lost) rather
@@ -52,7 +56,9 @@ pub struct Open<'a> {
 pub enum OpenError {
     #[error("load the configuration: {0}")]
     Config(#[from] ConfigError),
-    #[error("use --session: it needs a running daemon, and there is {0}")]
+    #[error(
+        "use --session: it needs a running daemon, and there is {0}; start one with `pyvisor daemon start`"
+    )]
     NeedsDaemon(NoDaemon),
     #[error(transparent)]
     Start(#[from] BackendError),
@@ -69,8 +75,16 @@ pub struct NoDaemon {
 /// A session of the daemon at the configured socket when it answers `engine.health` with
 /// `ok` in time, else of an embedded engine with the configured engine settings.
 pub async fn open(open: Open<'_>) -> Result<Backend, OpenError> {
-    let settings = Settings::load(None)?.settings;
-    let socket = settings.socket_path();
+    let settings = Settings::load(open.config)?.settings;
+    // SPEC §1: `--socket`, else `$PYVISOR_SOCKET`, else the configured or default socket.
+    let from_env = std::env::var_os("PYVISOR_SOCKET")
+        .filter(|value| !value.is_empty())
+        .map(PathBuf::from);
+    let socket = match (open.socket, from_env) {
+        (Some(socket), _) => socket.to_owned(),
+        (None, Some(socket)) => socket,
+        (None, None) => settings.socket_path(),
+    };
     match connect_daemon(&socket).await {
         Ok(client) => {
             if open.verbose {

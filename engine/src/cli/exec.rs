@@ -3,7 +3,7 @@
 //! stream output live, answer `input()` from stdin, and exit with a status that says how the
 //! code ended.
 
-use std::io::{self, BufRead, Read};
+use std::io::{self, BufRead, IsTerminal, Read};
 use std::time::Duration;
 
 use clap::Args;
@@ -26,6 +26,13 @@ pub struct ExecArgs {
     /// `text` streams output live; `json` prints only the result object.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
+    /// The config file (else the search order of `pyvisor serve`).
+    #[arg(long, value_name = "PATH")]
+    config: Option<std::path::PathBuf>,
+    /// The daemon's socket (else `$PYVISOR_SOCKET`, else the configured `server.socket` or
+    /// the default).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<std::path::PathBuf>,
     /// Say on stderr whether the daemon or an embedded engine runs the code.
     #[arg(long)]
     verbose: bool,
@@ -37,6 +44,9 @@ pub async fn run(args: ExecArgs) -> u8 {
     let (code, stdin_free) = match args.code.as_deref() {
         Some(code) if code != "-" => (code.to_owned(), true),
         _ => {
+            if io::stdin().is_terminal() {
+                eprintln!("pyvisor: reading the code from the terminal; end it with Ctrl-D");
+            }
             let mut code = String::new();
             if let Err(err) = io::stdin().read_to_string(&mut code) {
                 eprintln!("pyvisor: failed to read code from stdin: {err}");
@@ -57,6 +67,8 @@ pub async fn run(args: ExecArgs) -> u8 {
         }
     };
     let open = Open {
+        config: args.config.as_deref(),
+        socket: args.socket.as_deref(),
         session: args.session.as_deref(),
         // Without a daemon the session would end with this call, and the state the caller
         // asked to keep would be lost without a word.

@@ -26,6 +26,13 @@ pub struct ReplArgs {
     /// Use the daemon's session NAME (created on first use), which outlives the REPL.
     #[arg(long, value_name = "NAME")]
     session: Option<String>,
+    /// The config file (else the search order of `pyvisor serve`).
+    #[arg(long, value_name = "PATH")]
+    config: Option<std::path::PathBuf>,
+    /// The daemon's socket (else `$PYVISOR_SOCKET`, else the configured `server.socket` or
+    /// the default).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<std::path::PathBuf>,
     /// Say on stderr whether the daemon or an embedded engine runs the code, and show the
     /// engine's warnings (otherwise kept off the REPL's screen; PYVISOR_LOG also shows them).
     #[arg(short, long)]
@@ -40,6 +47,8 @@ impl ReplArgs {
 
 pub async fn run(args: ReplArgs) -> u8 {
     let open = Open {
+        config: args.config.as_deref(),
+        socket: args.socket.as_deref(),
         session: args.session.as_deref(),
         // Embedded, the session's state still lasts as long as the REPL: warn only.
         session_needs_daemon: false,
