@@ -89,6 +89,7 @@ async fn every_method_works_through_the_socket() {
     let failed = execute(&mut conn, &session, "{}['k']").await;
     assert_eq!(failed["status"], "error");
     assert_eq!(failed["error"]["type"], "KeyError");
+    execute(&mut conn, &session, "def twice(n):\n    return 2 * n").await;
 
     let info = conn
         .call("session.info", json!({"session_id": session}))
@@ -96,7 +97,16 @@ async fn every_method_works_through_the_socket() {
     assert_eq!(info["name"], "main");
     assert_eq!(info["owner"], "alice");
     assert_eq!(info["state"], "idle");
-    assert_eq!(info["execution_count"], 3);
+    assert_eq!(info["execution_count"], 4);
+    // What the Rust API has: the definitions with their source, the limits, the containment.
+    assert_eq!(info["definitions"][0]["name"], "twice", "{info}");
+    assert!(info["definitions"][0]["source"]
+        .as_str()
+        .unwrap()
+        .contains("return 2 * n"));
+    assert_eq!(info["limits"]["memory_mb"], 2048, "{info}");
+    assert_eq!(info["limits"]["timeout_s"], 30.0, "{info}");
+    assert!(info["containment"].is_string(), "{info}");
     let names: Vec<&str> = info["variables"]
         .as_array()
         .unwrap()

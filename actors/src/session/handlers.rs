@@ -102,6 +102,7 @@ impl Handler<GetInfo> for SessionActor {
                 .and_then(|leaf| leaf.cpu_usage())
                 .map(|used| used.as_secs_f64()),
             sandbox: self.worker.as_ref().and_then(|w| w.info.sandbox.clone()),
+            limits: self.setup.limits.clone(),
             last_checkpoint: self.durability.ledger.last.map(|last| last.id.to_string()),
             durability: self.durability.ledger.report(),
             proactive: self.proactive.as_ref().map(|p| p.share()),

@@ -171,4 +171,6 @@ pub struct SessionSnapshot {
     pub namespace: Option<Inspection>,
     /// The confinement the worker applied; `None` when it is unconfined or there is none.
     pub sandbox: Option<pyvisor_protocol::SandboxApplied>,
+    /// The session's limits.
+    pub limits: crate::limits::SessionLimits,
 }

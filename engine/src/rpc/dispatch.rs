@@ -501,7 +501,7 @@ impl Scope<'_> {
 /// `session.info` of one session.
 async fn session_info(session: &Session) -> Result<wire::SessionInfo, EngineError> {
     let snapshot = session.info().await?;
-    let (variables, rss_bytes) = match snapshot.namespace {
+    let (variables, definitions, rss_bytes) = match snapshot.namespace {
         Some(namespace) => (
             namespace
                 .variables
@@ -512,9 +512,30 @@ async fn session_info(session: &Session) -> Result<wire::SessionInfo, EngineErro
                     size_bytes: variable.size_bytes,
                 })
                 .collect(),
+            namespace
+                .definitions
+                .into_iter()
+                .map(|definition| wire::DefinitionInfo {
+                    name: definition.name,
+                    kind: definition.kind,
+                    source: definition.source,
+                })
+                .collect(),
             namespace.rss_bytes,
         ),
-        None => (Vec::new(), None),
+        None => (Vec::new(), Vec::new(), None),
+    };
+    let limits = &snapshot.limits;
+    let limits = wire::LimitsInfo {
+        memory_mb: limits.memory_mb,
+        cpu_s: limits.cpu_s,
+        open_files: limits.open_files,
+        processes: limits.processes,
+        timeout_s: limits.timeout.as_secs_f64(),
+        output_bytes: limits.output_bytes,
+        result_repr_bytes: limits.result_repr_bytes,
+        input_timeout_s: limits.input_timeout.as_secs_f64(),
+        interrupt_grace_s: limits.interrupt_grace.as_secs_f64(),
     };
     Ok(wire::SessionInfo {
         session_id: snapshot.session_id,
@@ -545,6 +566,9 @@ async fn session_info(session: &Session) -> Result<wire::SessionInfo, EngineErro
                 network: applied.network,
             })
             .unwrap_or_default(),
+        containment: snapshot.containment.map(str::to_owned),
+        definitions,
+        limits: Some(limits),
     })
 }
 

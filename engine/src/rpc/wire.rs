@@ -213,6 +213,39 @@ pub struct SessionInfo {
     /// How the session's worker is confined (docs/security.md).
     #[serde(default)]
     pub sandbox: SandboxInfo,
+    /// What enforces memory and process limits: `cgroup2`, `cgroup1` or `rlimit`; absent
+    /// while the session has no worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containment: Option<String>,
+    /// Functions and classes defined in the session, with the source a restore re-runs.
+    #[serde(default)]
+    pub definitions: Vec<DefinitionInfo>,
+    /// The session's limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsInfo>,
+}
+
+/// One definition of `session.info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DefinitionInfo {
+    pub name: String,
+    /// `function`, `class` or `lambda`.
+    pub kind: String,
+    pub source: String,
+}
+
+/// `limits` of `session.info`: `null` where there is no limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LimitsInfo {
+    pub memory_mb: Option<u64>,
+    pub cpu_s: Option<u64>,
+    pub open_files: Option<u64>,
+    pub processes: Option<u64>,
+    pub timeout_s: f64,
+    pub output_bytes: usize,
+    pub result_repr_bytes: usize,
+    pub input_timeout_s: f64,
+    pub interrupt_grace_s: f64,
 }
 
 /// `sandbox` of `session.info`: the layers the worker applied to itself.
