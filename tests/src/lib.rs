@@ -107,3 +107,28 @@ pub const SETSID_GRANDCHILD: &str = "import subprocess, sys\n\
     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)\"\n\
     int(subprocess.run([sys.executable, '-c', starter], capture_output=True, text=True, \
     check=True).stdout)";
+
+/// Starts one of this crate's host binaries (`command`) and reads the line of pids it prints
+/// once its engine is up: its worker's, then the grandchild's that the worker started.
+pub fn start_host_printing_pids(
+    mut command: std::process::Command,
+) -> (std::process::Child, u32, u32) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let mut host = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the host binary starts");
+    let mut line = String::new();
+    BufReader::new(host.stdout.take().expect("stdout is piped"))
+        .read_line(&mut line)
+        .expect("the host prints its pids");
+    let pids: Vec<u32> = line
+        .split_whitespace()
+        .map(|p| p.parse().expect("pids"))
+        .collect();
+    assert_eq!(pids.len(), 2, "worker and grandchild pids: {line:?}");
+    (host, pids[0], pids[1])
+}

@@ -3,13 +3,14 @@
 //! engine's start). Also: the memory limit's kill is reported as such, the session reports the
 //! CPU its cgroup used, and a process cannot leave the leaf through one hierarchy.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use pyvisor::{ExecutionStatus, Session, SessionLimits, SessionOptions};
-use pyvisor_tests::{engine, process_running, run, session, SETSID_GRANDCHILD};
+use pyvisor_tests::{
+    engine, process_running, run, session, start_host_printing_pids, SETSID_GRANDCHILD,
+};
 
 /// Waits up to 10 s for process `pid` to stop running; true if it did.
 fn gone_within_10s(pid: u32) -> bool {
@@ -69,22 +70,10 @@ async fn a_setsid_grandchild_dies_when_the_worker_crashes() {
 
 /// A `contained_host` process and the pids it printed: its worker, its grandchild.
 fn start_host() -> (Child, u32, u32) {
-    let mut host = Command::new(env!("CARGO_BIN_EXE_contained_host"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(host.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let pids: Vec<u32> = line
-        .split_whitespace()
-        .map(|p| p.parse().expect("pids"))
-        .collect();
-    assert_eq!(pids.len(), 2, "worker and grandchild pids: {line:?}");
-    assert!(process_running(pids[1]), "the grandchild runs");
-    (host, pids[0], pids[1])
+    let host = Command::new(env!("CARGO_BIN_EXE_contained_host"));
+    let (host, worker, grandchild) = start_host_printing_pids(host);
+    assert!(process_running(grandchild), "the grandchild runs");
+    (host, worker, grandchild)
 }
 
 #[test]

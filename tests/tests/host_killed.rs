@@ -1,12 +1,11 @@
 //! SIGKILL of the process that embeds the engine leaves no Python process behind: not the
 //! session's worker, not its grandchild, not the pool's ready workers.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use pyvisor_tests::process_running;
+use pyvisor_tests::{process_running, start_host_printing_pids};
 
 /// Live processes whose command line mentions `dir` (every worker of the engine does).
 fn engine_processes(dir: &Path) -> Vec<u32> {
@@ -25,21 +24,10 @@ fn engine_processes(dir: &Path) -> Vec<u32> {
 #[test]
 fn sigkill_of_the_host_leaves_no_worker_idle_or_busy_behind() {
     let cache = tempfile::tempdir().unwrap();
-    let mut host = Command::new(env!("CARGO_BIN_EXE_engine_host"))
-        .arg(cache.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(host.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let pids: Vec<u32> = line
-        .split_whitespace()
-        .map(|p| p.parse().expect("pids"))
-        .collect();
-    assert_eq!(pids.len(), 2, "worker and grandchild pids: {line:?}");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_engine_host"));
+    command.arg(cache.path());
+    let (mut host, worker, grandchild) = start_host_printing_pids(command);
+    let pids = [worker, grandchild];
     let before = engine_processes(cache.path());
     assert!(
         before.len() >= 3,
