@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 
 pub use pyvisor_protocol::{ErrorInfo, ResultValue, Transaction};
 
+use crate::memory::{ExecutionMeta, Insight};
+
 /// One piece of code to run in a session.
 #[derive(Debug, Clone)]
 pub struct ExecuteRequest {
@@ -22,6 +24,9 @@ pub struct ExecuteRequest {
     pub transaction: Transaction,
     /// Whether a speculative answer may serve it (SPEC.md `cache`); `false` runs it for real.
     pub cache: bool,
+    /// What the caller says about the code (approach, task, tags), remembered with its
+    /// outcome.
+    pub meta: Option<ExecutionMeta>,
 }
 
 impl ExecuteRequest {
@@ -34,6 +39,7 @@ impl ExecuteRequest {
             queue: true,
             transaction: Transaction::CommitAlways,
             cache: true,
+            meta: None,
         }
     }
 
@@ -58,6 +64,12 @@ impl ExecuteRequest {
     /// Runs the code for real even when a speculative answer for it is ready.
     pub fn no_cache(mut self) -> Self {
         self.cache = false;
+        self
+    }
+
+    /// Describes the code for the memory (SPEC.md `meta`).
+    pub fn with_meta(mut self, meta: ExecutionMeta) -> Self {
+        self.meta = Some(meta);
         self
     }
 
@@ -154,6 +166,10 @@ pub struct ExecutionResult {
     /// ..." while a crash would lose it (SPEC.md §2 `warnings`).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// What the memory recognised in the code before it ran: earlier failures it seems to
+    /// repeat (SPEC.md §2 `insights`).
+    #[serde(default)]
+    pub insights: Vec<Insight>,
 }
 
 /// What a session got back after its worker died (SPEC.md §2 `recovered`).

@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod errors;
 pub mod execution;
 pub mod limits;
+pub mod memory;
 pub mod metrics;
 pub mod pool;
 pub mod proactive;

@@ -165,4 +165,5 @@ pub fn describe() {
         gauge!(SESSIONS, "state" => state).increment(0.0);
     }
     crate::proactive::stats::describe();
+    crate::memory::describe();
 }

@@ -9,6 +9,7 @@ use crate::execution::{
     DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
     OutputStream, Recovered, ResultValue,
 };
+use crate::memory::Insight;
 use crate::session::{EventSender, ExecutionTicket, Queued, ServePath};
 use crate::worker::{CappedOutput, Utf8Chunker};
 
@@ -54,6 +55,8 @@ pub(crate) struct Running {
     pub path: ServePath,
     /// The prediction source whose speculative answer served it.
     pub served_by: Option<&'static str>,
+    /// What the memory found in the code before it ran.
+    pub insights: Vec<Insight>,
 }
 
 impl Running {
@@ -74,6 +77,7 @@ impl Running {
             warnings: Vec::new(),
             path: ServePath::Real,
             served_by: None,
+            insights: Vec::new(),
         }
     }
 
@@ -122,6 +126,7 @@ impl Running {
             from_cache: self.served_by.is_some(),
             recovered: self.recovered,
             warnings: self.warnings,
+            insights: self.insights,
         };
         let _ = self
             .events

@@ -26,6 +26,7 @@ use crate::execution::{
     ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
 };
 use crate::limits::SessionLimits;
+use crate::memory::{Memory, OutcomeDraft};
 use crate::metrics::{self, EngineCounters};
 use crate::pool::{Acquire, PoolActor, Slot};
 use crate::running::{InterruptCause, Running};
@@ -50,6 +51,7 @@ pub use messages::{
     SendInput, SessionPhase, SessionSnapshot,
 };
 pub use proactive::ProactiveSetup;
+
 pub(crate) use serving::ServePath;
 pub use speculation::{PlannedSnippet, Speculate};
 use state::Durability;
@@ -107,6 +109,16 @@ pub struct SessionSetup {
     pub state: Option<StateSetup>,
     /// Checkpoint and close the session after this long without activity; never when `None`.
     pub idle_timeout: Option<Duration>,
+    /// The engine's memory and the owner the session remembers for; off when `None`.
+    pub memory: Option<MemoryLink>,
+}
+
+/// A session's tie to the engine's memory.
+#[derive(Clone)]
+pub struct MemoryLink {
+    pub memory: Arc<Memory>,
+    /// The session's owner (`""` for sessions without one).
+    pub owner: Arc<str>,
 }
 
 /// The actor owning one session and its worker.
@@ -297,11 +309,18 @@ impl SessionActor {
                 act.interrupt(InterruptCause::Timeout(timeout), ctx);
             }
         });
-        self.state = State::Busy(Box::new(Running::new(
-            queued,
-            self.setup.limits.output_bytes,
-            timer,
-        )));
+        let mut running = Box::new(Running::new(queued, self.setup.limits.output_bytes, timer));
+        if let Some(link) = &self.setup.memory {
+            // Against the in-memory index only, on this thread: the code waits for nothing.
+            running.insights = link.memory.interrupt(
+                &link.owner,
+                &self.session_id.as_str().into(),
+                &running.ticket.execution_id,
+                running.ticket.execution_count,
+                &running.request.code,
+            );
+        }
+        self.state = State::Busy(running);
         self.serve(path, ctx);
     }
 
@@ -401,6 +420,24 @@ impl SessionActor {
             duration_ms: running.started.elapsed().as_secs_f64() * 1000.0,
             served_by: running.served_by,
         });
+        if let Some(link) = &self.setup.memory {
+            link.memory.record(OutcomeDraft {
+                owner: link.owner.clone(),
+                session_id: self.session_id.as_str().into(),
+                execution_id: running.ticket.execution_id.clone(),
+                execution_count: running.ticket.execution_count,
+                code: running.request.code.clone(),
+                status,
+                error: error
+                    .as_ref()
+                    .map(|error| (error.type_name.clone(), error.message.clone())),
+                failing_line: error
+                    .as_ref()
+                    .and_then(|error| crate::memory::failing_line(&error.traceback)),
+                duration_ms: running.started.elapsed().as_secs_f64() * 1000.0,
+                meta: running.request.meta.clone(),
+            });
+        }
         running.into_result(status, result, error);
         if let Some(waiting) = self.draining.as_mut() {
             for drained in waiting.drain(..) {
@@ -507,6 +544,7 @@ impl Queued {
             from_cache: false,
             recovered,
             warnings: Vec::new(),
+            insights: Vec::new(),
         };
         let _ = self
             .events

@@ -20,13 +20,14 @@ use tokio::sync::oneshot;
 use crate::checkpoint::CheckpointStore;
 use crate::errors::SupervisorError;
 use crate::limits::ProcessLimits;
+use crate::memory::MemoryActor;
 use crate::pool::{Acquire, DrainPool, GetPoolStats, Lease, PoolActor, Release, Resize, Slot};
 use crate::proactive::cache::CacheActor;
 use crate::proactive::predict::Table;
 use crate::proactive::predictor::PredictorActor;
 use crate::session::{
-    Close, CloseState, Drain, ProactiveSetup, SessionActor, SessionEvent, SessionSetup, StateSetup,
-    Subscribers,
+    Close, CloseState, Drain, MemoryLink, ProactiveSetup, SessionActor, SessionEvent, SessionSetup,
+    StateSetup, Subscribers,
 };
 use crate::worker::WorkerSpec;
 
@@ -46,6 +47,8 @@ pub struct Supervisor {
     pool: Option<Addr<PoolActor>>,
     /// The proactive actors, started with the supervisor.
     proactive: Option<(Addr<PredictorActor>, Addr<CacheActor>)>,
+    /// The actor that follows sessions for the memory, started with the supervisor.
+    memory: Option<Addr<MemoryActor>>,
     registry: Registry,
     /// Names (per owner) whose session is being created, with the creates that wait to
     /// attach to it.
@@ -100,6 +103,7 @@ impl Supervisor {
             arbiters,
             pool: None,
             proactive: None,
+            memory: None,
             registry: Registry::default(),
             creating: HashMap::new(),
             creating_for: HashMap::new(),
@@ -197,6 +201,13 @@ impl Supervisor {
         if let Some((predictor, _)) = &proactive {
             subscribers.push(predictor.clone().recipient());
         }
+        if let Some(actor) = &self.memory {
+            subscribers.push(actor.clone().recipient());
+        }
+        let memory = self.config.memory.clone().map(|memory| MemoryLink {
+            memory,
+            owner: options.owner.as_deref().unwrap_or_default().into(),
+        });
         let setup = SessionSetup {
             state,
             spec,
@@ -206,6 +217,7 @@ impl Supervisor {
             pool: self.pool().clone(),
             counters: self.config.counters.clone(),
             events: Subscribers::new(subscribers),
+            memory,
             proactive: proactive.as_ref().map(|(_, cache)| ProactiveSetup {
                 cache: cache.clone(),
                 counters: self.config.proactive.counters.clone(),
@@ -292,6 +304,11 @@ impl Actor for Supervisor {
         let cache = CacheActor::new(cache, counters.clone()).start();
         let predictor = PredictorActor::new(predictor, Table::builtin(), counters).start();
         self.proactive = Some((predictor, cache));
+        self.memory = self
+            .config
+            .memory
+            .clone()
+            .map(|memory| MemoryActor::new(memory).start());
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {

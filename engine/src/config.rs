@@ -14,6 +14,7 @@ use std::time::Duration;
 use pyvisor_actors::checkpoint::{
     DEFAULT_RETENTION, DEFAULT_SESSION_DISK_BYTES, DEFAULT_TOTAL_DISK_BYTES,
 };
+use pyvisor_actors::memory::PolicyConfig;
 use pyvisor_actors::pool::PoolConfig;
 use pyvisor_actors::session::AutoCheckpoint;
 use pyvisor_actors::supervisor::Quotas;
@@ -21,8 +22,8 @@ use pyvisor_actors::SessionLimits;
 use pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES;
 
 pub use file::{
-    EngineSettings, LimitSettings, LoadContext, Loaded, Origin, PoolSettings, ProactiveSettings,
-    SandboxSettings, ServerSettings, Settings, StateSettings, TokenSettings,
+    EngineSettings, LimitSettings, LoadContext, Loaded, MemorySettings, Origin, PoolSettings,
+    ProactiveSettings, SandboxSettings, ServerSettings, Settings, StateSettings, TokenSettings,
 };
 
 /// How an [`crate::Engine`] runs its workers.
@@ -59,6 +60,8 @@ pub struct EngineConfig {
     /// How workers are confined. All off by default: an embedded engine runs session code
     /// as the user who embeds it; set `uid_range` (as root) to separate the sessions.
     pub sandbox: SandboxConfig,
+    /// Remembering execution outcomes and warning before a known failure repeats.
+    pub memory: MemoryConfig,
 }
 
 /// Worker confinement (docs/security.md): each worker's own uid, Landlock, seccomp, network.
@@ -112,6 +115,35 @@ impl SandboxLayer {
             "seccomp" => Some(SandboxLayer::Seccomp),
             "uid" => Some(SandboxLayer::Uid),
             _ => None,
+        }
+    }
+}
+
+/// Proactive memory: outcomes remembered per owner (in `memory.db` of the state directory,
+/// or in memory only without one), and insights on results that repeat a known failure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryConfig {
+    pub enabled: bool,
+    /// Most outcomes kept; the oldest go first.
+    pub max_outcomes: u64,
+    /// Outcomes older than this are dropped; kept until `max_outcomes` pushes them out when
+    /// `None`.
+    pub max_age: Option<Duration>,
+    /// Least similarity between code and an earlier failure's code.
+    pub threshold: f64,
+    /// When an insight may interrupt: confidence, failures, budget, spacing.
+    pub policy: PolicyConfig,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        let defaults = pyvisor_actors::memory::MemoryConfig::default();
+        Self {
+            enabled: true,
+            max_outcomes: defaults.max_outcomes,
+            max_age: defaults.max_age,
+            threshold: defaults.threshold,
+            policy: defaults.policy,
         }
     }
 }
@@ -197,6 +229,7 @@ impl Default for EngineConfig {
             proactive: ProactiveConfig::default(),
             quotas: Quotas::default(),
             sandbox: SandboxConfig::default(),
+            memory: MemoryConfig::default(),
         }
     }
 }

@@ -16,6 +16,7 @@ use actix::prelude::*;
 use pyvisor_actors::checkpoint::{
     default_state_dir, CheckpointStore, CheckpointStoreConfig, DEFAULT_RETENTION,
 };
+use pyvisor_actors::memory::{LocalEmbedder, Memory};
 use pyvisor_actors::metrics::EngineCounters;
 use pyvisor_actors::pool::{PoolConfig, PoolStats, Resize};
 use pyvisor_actors::proactive::cache::CacheLimits;
@@ -32,7 +33,7 @@ use pyvisor_actors::worker::{
 use pyvisor_actors::ProcessLimits;
 use tokio::sync::oneshot;
 
-use crate::config::{EngineConfig, SandboxLayer, StateConfig};
+use crate::config::{EngineConfig, MemoryConfig, SandboxLayer, StateConfig};
 use crate::errors::EngineError;
 use crate::scratch::Scratch;
 use crate::session::Session;
@@ -66,6 +67,8 @@ struct EngineInner {
     worker_package: PathBuf,
     counters: Arc<EngineCounters>,
     proactive: Arc<ProactiveCounters>,
+    /// The memory of outcomes, when it is enabled.
+    memory: Option<Arc<Memory>>,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: ThreadId,
@@ -85,12 +88,13 @@ impl Engine {
             .map_err(|e| EngineError::Start(format!("spawn the engine thread: {e}")))?;
         let thread_id = thread.thread().id();
         match ready_rx.await {
-            Ok(Ok((supervisor, worker_package))) => Ok(Engine {
+            Ok(Ok((supervisor, worker_package, memory))) => Ok(Engine {
                 inner: Arc::new(EngineInner {
                     supervisor,
                     worker_package,
                     counters,
                     proactive,
+                    memory,
                     shutdown: Mutex::new(Some(shutdown_tx)),
                     thread: Mutex::new(Some(thread)),
                     thread_id,
@@ -184,6 +188,11 @@ impl Engine {
         Ok(self.inner.supervisor.send(Resize(config)).await?)
     }
 
+    /// The engine's memory, when enabled.
+    pub(crate) fn memory_handle(&self) -> Option<&Arc<Memory>> {
+        self.inner.memory.as_ref()
+    }
+
     /// Graceful stop: refuses new sessions and executions, lets running executions finish
     /// for up to `grace`, takes a last checkpoint of every session, then ends every worker.
     /// Returns when they are gone; the engine serves nothing afterwards.
@@ -196,11 +205,14 @@ impl Engine {
     }
 }
 
+/// What the engine thread hands the [`Engine`] once it runs.
+type Started = (Addr<Supervisor>, PathBuf, Option<Arc<Memory>>);
+
 /// Body of the engine thread: start the system, serve until shutdown, end every worker.
 fn run_system(
     config: EngineConfig,
     counters: (Arc<EngineCounters>, Arc<ProactiveCounters>),
-    ready: oneshot::Sender<Result<(Addr<Supervisor>, PathBuf), EngineError>>,
+    ready: oneshot::Sender<Result<Started, EngineError>>,
     shutdown: oneshot::Receiver<()>,
 ) {
     // The state dir's lock and the scratch directories live as long as this thread, so they
@@ -212,11 +224,13 @@ fn run_system(
             return;
         }
     };
+    let memory = supervisor_config.memory.clone();
     let system = System::new();
+    let handed = memory.clone();
     system.block_on(async move {
         let supervisor = Supervisor::new(supervisor_config).start();
         if ready
-            .send(Ok((supervisor.clone(), worker_package)))
+            .send(Ok((supervisor.clone(), worker_package, handed)))
             .is_err()
         {
             return;
@@ -231,6 +245,10 @@ fn run_system(
             .await;
         System::current().stop();
     });
+    // Everything the sessions recorded is in the store before the state dir is let go.
+    if let Some(memory) = memory {
+        memory.flush();
+    }
 }
 
 /// Resolves the interpreter, installs the worker package, starts the janitor and the zygote,
@@ -262,6 +280,12 @@ fn supervisor_config(
         package = install_worker_package(&config.cache_dir())?;
     }
     let zygote = start_zygote(config, &python, &package, &janitor);
+    let memory = open_memory(
+        &config.memory,
+        held_state_dir
+            .as_ref()
+            .map(|held| held.dir.join(MEMORY_FILE)),
+    );
     let supervisor = SupervisorConfig {
         worker: WorkerSpec {
             python,
@@ -302,6 +326,7 @@ fn supervisor_config(
             counters: proactive,
         },
         quotas: config.quotas,
+        memory,
     };
     let held = HeldDirs {
         _state: held_state_dir,
@@ -408,6 +433,7 @@ struct HeldDirs {
 
 /// What an engine holds of its state directory for its whole life.
 struct HeldStateDir {
+    dir: PathBuf,
     _lock: StateDirLock,
     _scratch: Scratch,
 }
@@ -447,11 +473,31 @@ fn open_state(config: &StateConfig) -> Result<Option<(StateOptions, HeldStateDir
         max_bytes: config.max_bytes,
     };
     let held = HeldStateDir {
+        dir,
         _lock: lock,
         _scratch: scratch,
     };
     Ok(Some((options, held)))
 }
+
+/// The engine's memory, when enabled: in `memory.db` of the state directory when the engine
+/// keeps state, else in memory only (blocking: it loads what the store holds).
+fn open_memory(config: &MemoryConfig, path: Option<PathBuf>) -> Option<Arc<Memory>> {
+    if !config.enabled {
+        return None;
+    }
+    let memory = pyvisor_actors::memory::MemoryConfig {
+        max_outcomes: config.max_outcomes,
+        max_age: config.max_age,
+        threshold: config.threshold,
+        policy: config.policy,
+        path,
+    };
+    Some(Arc::new(Memory::open(memory, Arc::new(LocalEmbedder))))
+}
+
+/// The memory's file in the state directory.
+pub const MEMORY_FILE: &str = "memory.db";
 
 /// The zygote of `config`, if it asks for one and one starts; plain spawns otherwise.
 fn start_zygote(

@@ -26,6 +26,12 @@ pub enum EngineError {
     /// The engine has stopped (its last handle was dropped).
     #[error("reach the engine: it has stopped")]
     Stopped,
+    /// The memory refused the request (unknown insight, invalid score).
+    #[error(transparent)]
+    Memory(pyvisor_actors::memory::MemoryError),
+    /// The engine does not remember outcomes (`[memory] enabled = false`).
+    #[error("memory is disabled on this engine")]
+    MemoryDisabled,
 }
 
 impl From<actix::MailboxError> for EngineError {

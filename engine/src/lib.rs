@@ -20,16 +20,22 @@ pub mod client;
 pub mod config;
 mod engine;
 pub mod errors;
+mod memory;
 pub mod rpc;
 mod scratch;
 pub mod server;
 mod session;
 mod state_lock;
 
-pub use config::{EngineConfig, ProactiveConfig, SandboxConfig, SandboxLayer, StateConfig};
+pub use config::{
+    EngineConfig, MemoryConfig, ProactiveConfig, SandboxConfig, SandboxLayer, StateConfig,
+};
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;
 pub use pyvisor_actors::checkpoint::{default_state_dir, CheckpointInfo};
+pub use pyvisor_actors::memory::{
+    ExecutionMeta, FeedbackTarget, FoundOutcome, Insight, MemoryStats,
+};
 pub use pyvisor_actors::metrics::describe as describe_metrics;
 pub use pyvisor_actors::pool::{PoolConfig, PoolStats};
 pub use pyvisor_actors::proactive::stats::ProactiveStats;

@@ -6,6 +6,7 @@ mod dispatch;
 pub mod errors;
 pub mod framing;
 mod limits;
+pub mod memory;
 mod message;
 mod outbound;
 mod params;

@@ -9,6 +9,7 @@ use actix::prelude::*;
 use crate::checkpoint::CheckpointStore;
 use crate::errors::SupervisorError;
 use crate::limits::SessionLimits;
+use crate::memory::Memory;
 use crate::metrics::EngineCounters;
 use crate::pool::{PoolConfig, PoolStats};
 use crate::proactive::cache::CacheLimits;
@@ -35,6 +36,8 @@ pub struct SupervisorConfig {
     pub proactive: ProactiveOptions,
     /// What one owner may hold, and when an unused session is closed.
     pub quotas: Quotas,
+    /// The memory of outcomes every session records to and checks against; off when `None`.
+    pub memory: Option<Arc<Memory>>,
 }
 
 /// Bounds on what sessions hold over time.

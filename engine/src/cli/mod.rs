@@ -7,6 +7,7 @@ mod daemon;
 mod drive;
 mod exec;
 mod lines;
+mod memory_eval;
 mod repl;
 mod replay;
 mod serve;
@@ -16,6 +17,7 @@ use clap::{Parser, Subcommand};
 pub use config::ConfigCommand;
 pub use daemon::DaemonCommand;
 pub use exec::ExecArgs;
+pub use memory_eval::MemoryCommand;
 pub use repl::ReplArgs;
 pub use replay::ReplayArgs;
 pub use serve::ServeArgs;
@@ -51,6 +53,11 @@ enum Command {
     },
     /// Replay recorded analysis sessions and report how much was answered from speculation.
     Replay(ReplayArgs),
+    /// The memory of outcomes: evaluate its insights on a labelled corpus.
+    Memory {
+        #[command(subcommand)]
+        command: MemoryCommand,
+    },
 }
 
 impl Cli {
@@ -70,5 +77,6 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Serve(args) => serve::run(args).await,
         Command::Daemon { command } => daemon::run(command).await,
         Command::Replay(args) => replay::run(args).await,
+        Command::Memory { command } => memory_eval::run(command).await,
     }
 }

@@ -27,10 +27,12 @@ use super::EngineConfig;
 use crate::errors::ConfigError;
 
 mod limits;
+mod memory;
 mod proactive;
 mod sandbox;
 mod server;
 pub use limits::{LimitCeilings, LimitSettings};
+pub use memory::MemorySettings;
 pub use proactive::ProactiveSettings;
 pub use sandbox::SandboxSettings;
 pub use server::{ServerSettings, TokenSettings};
@@ -60,6 +62,7 @@ pub struct Settings {
     pub state: StateSettings,
     pub proactive: ProactiveSettings,
     pub sandbox: SandboxSettings,
+    pub memory: MemorySettings,
 }
 
 /// `[engine]`: how workers are started (see [`EngineConfig`]).
@@ -308,6 +311,7 @@ impl Settings {
             state,
             proactive,
             sandbox,
+            memory,
         } = self;
         if !server.http.is_empty() && super::resolve::http_addr(&server.http).is_none() {
             return Err((
@@ -349,6 +353,7 @@ impl Settings {
         seconds("state.auto_min_interval_s", state.auto_min_interval_s, true)?;
         proactive.validate()?;
         sandbox.validate()?;
+        memory.validate()?;
         Ok(())
     }
 }

@@ -157,6 +157,7 @@ impl Settings {
             },
             proactive: self.proactive.config(),
             sandbox: self.sandbox.config(),
+            memory: self.memory.config(),
             ..defaults
         }
     }

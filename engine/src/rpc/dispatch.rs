@@ -16,6 +16,7 @@ use serde_json::Value;
 use super::caller::Caller;
 use super::errors::RpcError;
 use super::limits::LimitPolicy;
+use super::memory;
 use super::outbound::Outbound;
 use super::params::{check_name, decode, decode_or_default, encode, no_params, take_owner};
 use super::wire::{self, method, notification};
@@ -107,6 +108,29 @@ impl Dispatcher {
             method::STATS => {
                 no_params(params)?;
                 encode(self.stats().await?)
+            }
+            memory::CHECK => {
+                let params: memory::CheckParams = decode(params)?;
+                let session = match &params.session_id {
+                    Some(id) => Some(self.session(&at, id).await?),
+                    None => None,
+                };
+                encode(memory::check(
+                    &self.engine,
+                    at.owner.as_deref(),
+                    &params,
+                    session.as_ref(),
+                )?)
+            }
+            memory::FEEDBACK => {
+                encode(memory::feedback(&self.engine, at.owner.as_deref(), decode(params)?).await?)
+            }
+            memory::SEARCH => {
+                encode(memory::search(&self.engine, at.owner.as_deref(), decode(params)?).await?)
+            }
+            memory::STATS => {
+                no_params(params)?;
+                encode(memory::stats(&self.engine, at.owner.as_deref()))
             }
             method::HEALTH => {
                 no_params(params)?;
@@ -202,6 +226,7 @@ impl Dispatcher {
         request.queue = params.queue.unwrap_or(true);
         request.cache = params.cache.unwrap_or(true);
         request.input = params.stream;
+        request.meta = params.meta;
         let session = self.session(at, &params.session_id).await?;
         if !params.stream {
             return session.run(request).await.map_err(|err| {
@@ -390,6 +415,7 @@ impl Dispatcher {
             crashes: stats.crashes,
             restores: stats.restores,
             proactive: stats.proactive,
+            memory: self.engine.memory_stats(None),
         })
     }
 

@@ -90,6 +90,9 @@ impl From<&EngineError> for RpcError {
             EngineError::Supervisor(err) => supervisor_code(err),
             EngineError::Spawn(_) | EngineError::Start(_) => code::ENGINE_ERROR,
             EngineError::Stopped => code::SHUTTING_DOWN,
+            // An unknown id is as invalid as a bad score: the params name what is wrong.
+            EngineError::Memory(_) => code::INVALID_PARAMS,
+            EngineError::MemoryDisabled => code::ENGINE_ERROR,
         };
         RpcError::new(code, err.to_string())
     }

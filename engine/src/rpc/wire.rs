@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+pub use pyvisor_actors::memory::{ExecutionMeta, MemoryStats};
 pub use pyvisor_actors::pool::PoolStats;
 pub use pyvisor_actors::proactive::stats::ProactiveStats;
 pub use pyvisor_actors::{DisplayData, ExecutionResult, OutputStream, Transaction};
@@ -93,6 +94,9 @@ pub struct ExecuteParams {
     /// Whether a speculative answer may serve it (default); `false` runs it for real.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<bool>,
+    /// What the caller says about the code, remembered with its outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<ExecutionMeta>,
 }
 
 impl ExecuteParams {
@@ -106,6 +110,7 @@ impl ExecuteParams {
             transaction: None,
             queue: None,
             cache: None,
+            meta: None,
         }
     }
 }
@@ -331,6 +336,9 @@ pub struct Stats {
     pub crashes: u64,
     pub restores: u64,
     pub proactive: ProactiveStats,
+    /// The memory's figures (every owner's).
+    #[serde(default)]
+    pub memory: MemoryStats,
 }
 
 /// `session.hint` params: code the caller expects the session to run soon.

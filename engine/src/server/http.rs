@@ -9,6 +9,7 @@
 //! `routes`, the WebSocket connection in `ws`.
 
 mod guard;
+mod memory;
 mod routes;
 mod ws;
 

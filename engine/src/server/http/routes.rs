@@ -32,6 +32,7 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/sessions/{id}/checkpoints", web::get().to(checkpoints))
             .route("/sessions/{id}/hint", web::post().to(hint))
             .route("/sessions/{id}/ws", web::get().to(ws::connect))
+            .configure(super::memory::configure)
             .route("/stats", web::get().to(stats))
             .route("/health", web::get().to(health)),
     );
@@ -201,7 +202,7 @@ async fn with_body(
 
 /// Runs `method` on the dispatcher for `caller`. Notifications have no reader here and are
 /// dropped.
-async fn call(
+pub(super) async fn call(
     state: &State,
     caller: &Caller,
     method: &str,
@@ -215,7 +216,7 @@ async fn call(
 }
 
 /// 200 with the method's result.
-fn respond(result: Result<Box<RawValue>, ApiError>) -> Result<HttpResponse, ApiError> {
+pub(super) fn respond(result: Result<Box<RawValue>, ApiError>) -> Result<HttpResponse, ApiError> {
     result.map(|value| json_body(&mut HttpResponse::Ok(), value))
 }
 
@@ -232,7 +233,7 @@ fn session_only(id: web::Path<String>) -> Value {
 }
 
 /// The request's query string decoded as `T`.
-fn query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<T, ApiError> {
+pub(super) fn query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<T, ApiError> {
     web::Query::<T>::from_query(req.query_string())
         .map(web::Query::into_inner)
         .map_err(|err| RpcError::invalid_params(format!("query: {err}")).into())
@@ -241,7 +242,10 @@ fn query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<T, ApiErro
 /// The body as a JSON object: none is `{}`, more than `server.max_request_bytes` is "limit
 /// exceeded", a duplicate key is invalid params, and a body that takes longer than the
 /// request timeout to arrive is cut off with 408.
-async fn body_object(state: &State, body: web::Payload) -> Result<Map<String, Value>, ApiError> {
+pub(super) async fn body_object(
+    state: &State,
+    body: web::Payload,
+) -> Result<Map<String, Value>, ApiError> {
     let limit = state.max_request_bytes;
     let timeout = state.access.request_timeout;
     let read = tokio::time::timeout(timeout, body.to_bytes_limited(limit)).await;
