@@ -330,3 +330,61 @@ async fn retention_keeps_the_newest_outcomes_in_memory_and_on_disk() {
         .unwrap();
     assert_eq!(found[0].code.as_deref(), Some("last = 'kept'"), "{found:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outcomes_older_than_max_age_are_forgotten_in_memory_and_on_disk() {
+    let dir = state_dir();
+    let with_dir = |max_age_days: Option<u64>| {
+        let mut config = config(MemoryConfig {
+            max_age: max_age_days.map(|days| std::time::Duration::from_secs(days * 86_400)),
+            ..MemoryConfig::default()
+        });
+        config.state.dir = Some(dir.clone());
+        config
+    };
+    let engine = engine_with(with_dir(None)).await;
+    fail_then_fix(&engine, "alice", FAILING[0]).await;
+    fail_then_fix(&engine, "alice", FAILING[1]).await;
+    engine
+        .shutdown(std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    drop(engine);
+    // The first session's outcomes are made ten days old; the second's stay new.
+    let db = dir.join("memory.db");
+    let ten_days_ms = 10 * 86_400_000_i64;
+    let aged = rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute(
+            "UPDATE outcomes SET at_ms = at_ms - ?1 WHERE id <= 3",
+            [ten_days_ms],
+        )
+        .unwrap();
+    assert_eq!(aged, 3);
+
+    let engine = engine_with(with_dir(Some(1))).await;
+    let stats = engine.memory_stats(Some("alice"));
+    assert_eq!((stats.outcomes, stats.failures), (3, 1), "{stats:?}");
+    assert!(
+        engine.memory_check(Some("alice"), FAILING[2]).is_empty(),
+        "one recent failure is not a pattern"
+    );
+    engine.memory_flush().await;
+    let on_disk: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM outcomes", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(
+        on_disk, 3,
+        "the aged outcomes are deleted from the store too"
+    );
+
+    // Without the bound the recent failures alone are what is left: nothing comes back.
+    engine
+        .shutdown(std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    drop(engine);
+    let engine = engine_with(with_dir(None)).await;
+    assert_eq!(engine.memory_stats(Some("alice")).outcomes, 3);
+}

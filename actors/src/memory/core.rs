@@ -21,7 +21,16 @@ impl Memory {
                 Ok((store, second, found)) => {
                     loaded = found;
                     match Writer::start(Box::new(store), health.clone()) {
-                        Ok(started) => writer = Some(started),
+                        Ok(started) => {
+                            // What the bounds left out of the load goes from the disk too.
+                            if since.is_some() {
+                                started.send(Write::Prune {
+                                    max: config.max_outcomes,
+                                    before_ms: since,
+                                });
+                            }
+                            writer = Some(started)
+                        }
                         Err(err) => health.degrade(&StoreError {
                             path: path.display().to_string(),
                             kind: StoreFailure::Other,
