@@ -32,7 +32,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 pub use actor::MemoryActor;
 pub use core::now_ms;
-pub use embed::{call_signature, code_shape, mentioned_names, Embedder, LocalEmbedder};
+pub use embed::{call_signature, code_shape, mentioned_names, normalize, Embedder, LocalEmbedder};
 pub use normalize::normalize_message;
 pub use policy::PolicyConfig;
 pub use statements::failing_line;
@@ -209,6 +209,10 @@ pub struct MemoryStats {
     pub store: Option<String>,
     /// Why memory runs without (part of) its store, once it does.
     pub warning: Option<String>,
+    /// The embedder's name (and version).
+    pub embedder: String,
+    /// Texts the embedder could not embed (a remote one that failed or timed out).
+    pub embedder_errors: u64,
 }
 
 /// Feedback received since the engine started.

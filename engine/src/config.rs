@@ -133,6 +133,23 @@ pub struct MemoryConfig {
     pub threshold: f64,
     /// When an insight may interrupt: confidence, failures, budget, spacing.
     pub policy: PolicyConfig,
+    /// Where code is turned into vectors: the local hashing embedder when `None`.
+    pub embedder: Option<RemoteEmbedderConfig>,
+}
+
+/// An OpenAI-compatible embeddings endpoint for memory's similarity (`[memory.embedder]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteEmbedderConfig {
+    /// The API's base, e.g. `https://api.openai.com/v1`; requests go to `{base_url}/embeddings`.
+    pub base_url: String,
+    pub model: String,
+    /// The engine's environment variable that holds the API key (sent as a bearer token);
+    /// no key is sent when `None`.
+    pub api_key_env: Option<String>,
+    /// Asked of models that can shorten their vectors; checked against the answer.
+    pub dimensions: Option<u32>,
+    /// Longest wait for one request; code not embedded in time matches nothing.
+    pub timeout: Duration,
 }
 
 impl Default for MemoryConfig {
@@ -144,6 +161,7 @@ impl Default for MemoryConfig {
             max_age: defaults.max_age,
             threshold: defaults.threshold,
             policy: defaults.policy,
+            embedder: None,
         }
     }
 }

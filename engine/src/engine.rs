@@ -16,7 +16,7 @@ use actix::prelude::*;
 use pyvisor_actors::checkpoint::{
     default_state_dir, CheckpointStore, CheckpointStoreConfig, DEFAULT_RETENTION,
 };
-use pyvisor_actors::memory::{LocalEmbedder, Memory};
+use pyvisor_actors::memory::{Embedder, LocalEmbedder, Memory};
 use pyvisor_actors::metrics::EngineCounters;
 use pyvisor_actors::pool::{PoolConfig, PoolStats, Resize};
 use pyvisor_actors::proactive::cache::CacheLimits;
@@ -35,6 +35,7 @@ use tokio::sync::oneshot;
 
 use crate::config::{EngineConfig, MemoryConfig, SandboxLayer, StateConfig};
 use crate::errors::EngineError;
+use crate::memory::{RemoteEmbedder, RemoteEmbedderError};
 use crate::scratch::Scratch;
 use crate::session::Session;
 use crate::state_lock::StateDirLock;
@@ -285,7 +286,7 @@ fn supervisor_config(
         held_state_dir
             .as_ref()
             .map(|held| held.dir.join(MEMORY_FILE)),
-    );
+    )?;
     let supervisor = SupervisorConfig {
         worker: WorkerSpec {
             python,
@@ -482,10 +483,26 @@ fn open_state(config: &StateConfig) -> Result<Option<(StateOptions, HeldStateDir
 
 /// The engine's memory, when enabled: in `memory.db` of the state directory when the engine
 /// keeps state, else in memory only (blocking: it loads what the store holds).
-fn open_memory(config: &MemoryConfig, path: Option<PathBuf>) -> Option<Arc<Memory>> {
+fn open_memory(
+    config: &MemoryConfig,
+    path: Option<PathBuf>,
+) -> Result<Option<Arc<Memory>>, EngineError> {
     if !config.enabled {
-        return None;
+        return Ok(None);
     }
+    let embedder: Arc<dyn Embedder> = match &config.embedder {
+        None => Arc::new(LocalEmbedder),
+        Some(remote) => match RemoteEmbedder::connect(remote) {
+            Ok(embedder) => Arc::new(embedder),
+            Err(err @ RemoteEmbedderError::MissingKey(_)) => {
+                return Err(EngineError::Start(err.to_string()))
+            }
+            Err(err) => {
+                tracing::warn!("{err}; memory uses the local embedder for this run");
+                Arc::new(LocalEmbedder)
+            }
+        },
+    };
     let memory = pyvisor_actors::memory::MemoryConfig {
         max_outcomes: config.max_outcomes,
         max_age: config.max_age,
@@ -493,7 +510,7 @@ fn open_memory(config: &MemoryConfig, path: Option<PathBuf>) -> Option<Arc<Memor
         policy: config.policy,
         path,
     };
-    Some(Arc::new(Memory::open(memory, Arc::new(LocalEmbedder))))
+    Ok(Some(Arc::new(Memory::open(memory, embedder))))
 }
 
 /// The memory's file in the state directory.

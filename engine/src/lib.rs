@@ -28,7 +28,8 @@ mod session;
 mod state_lock;
 
 pub use config::{
-    EngineConfig, MemoryConfig, ProactiveConfig, SandboxConfig, SandboxLayer, StateConfig,
+    EngineConfig, MemoryConfig, ProactiveConfig, RemoteEmbedderConfig, SandboxConfig, SandboxLayer,
+    StateConfig,
 };
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;

@@ -2,7 +2,10 @@
 //! [`Engine`], and a check on a [`Session`] for its owner. Every call is confined to one
 //! owner (`None` where it says so: every owner, for admins).
 
+mod remote_embedder;
+
 use pyvisor_actors::memory::{FeedbackTarget, FoundOutcome, Insight, MemoryError, MemoryStats};
+pub(crate) use remote_embedder::{RemoteEmbedder, RemoteEmbedderError};
 
 use crate::errors::EngineError;
 use crate::{Engine, Session};

@@ -201,6 +201,10 @@ async fn an_owner_reaches_only_its_own_sessions() {
                 "session.hint",
                 json!({"session_id": id, "code": ["secret"]}),
             ),
+            (
+                "memory.check",
+                json!({"session_id": id, "code": "print(secret)"}),
+            ),
             ("session.close", json!({"session_id": id})),
         ]
     };
@@ -223,9 +227,22 @@ async fn an_owner_reaches_only_its_own_sessions() {
             "session.info",
             json!({"session_id": theirs, "owner": "uid:62001"}),
         ),
+        ("memory.check", json!({"owner": "uid:62001", "code": "x"})),
+        (
+            "memory.search",
+            json!({"owner": "uid:62001", "query": "secret = 42"}),
+        ),
+        ("memory.stats", json!({"owner": "uid:62001"})),
     ] {
         assert_eq!(bob.error(method, params).await.0, -32007, "{method}");
     }
+    // Without an owner, memory answers for bob's own outcomes only.
+    let found = bob
+        .call("memory.search", json!({"query": "secret = 42"}))
+        .await;
+    assert_eq!(found, json!([]), "{found}");
+    let stats = bob.call("memory.stats", json!({})).await;
+    assert_eq!(stats["outcomes"], 0, "{stats}");
     let listed = bob.call("session.list", json!({})).await;
     let ids: Vec<&str> = listed
         .as_array()

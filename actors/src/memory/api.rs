@@ -207,6 +207,8 @@ impl Memory {
                 .and(self.config.path.as_ref())
                 .map(|path| path.display().to_string()),
             warning: self.health.warning(),
+            embedder: self.embedder.name().to_owned(),
+            embedder_errors: self.embedder.errors(),
         }
     }
 }

@@ -48,6 +48,7 @@ impl Memory {
             last_failed: HashMap::new(),
         };
         let next_outcome = loaded.outcomes.last().map_or(1, |o| o.id + 1);
+        reembed(&mut loaded.outcomes, embedder.as_ref());
         for outcome in loaded.outcomes.drain(..) {
             knowledge.take_in(&outcome, embedder.as_ref());
         }
@@ -303,22 +304,35 @@ impl Memory {
     /// Patterns `owner`'s `code` matches, surest first, from memory only.
     fn findings(&self, owner: &str, code: &str) -> Vec<detect::Finding> {
         let started = Instant::now();
-        let knowledge = self.knowledge.read().unwrap_or_else(|e| e.into_inner());
-        let Some(shelf) = knowledge
-            .index
-            .shelf(owner)
-            .filter(|shelf| !shelf.failures.entries.is_empty())
-        else {
+        let has_failures = |knowledge: &Knowledge| {
+            knowledge
+                .index
+                .shelf(owner)
+                .is_some_and(|shelf| !shelf.failures.entries.is_empty())
+        };
+        if !has_failures(&self.knowledge.read().unwrap_or_else(|e| e.into_inner())) {
             return Vec::new();
-        };
-        let probe = |text: &str| Probe {
-            vector: quantize(&self.embedder.embed(text)),
-            calls: call_signature(text),
-            size: code_size(text),
-        };
+        }
+        // Embedded outside the lock, in one batch: an embedder may be a remote service.
+        let pieces = statements::pieces(code);
+        let texts: Vec<&str> = pieces.iter().map(String::as_str).chain([code]).collect();
+        let mut probes: Vec<Probe> = texts
+            .iter()
+            .zip(self.embedder.embed_batch(&texts))
+            .map(|(text, vector)| Probe {
+                vector: quantize(&vector),
+                calls: call_signature(text),
+                size: code_size(text),
+            })
+            .collect();
+        let whole = probes.pop().expect("the whole code is always probed");
         let query = Query {
-            pieces: statements::pieces(code).iter().map(|p| probe(p)).collect(),
-            whole: probe(code),
+            pieces: probes,
+            whole,
+        };
+        let knowledge = self.knowledge.read().unwrap_or_else(|e| e.into_inner());
+        let Some(shelf) = knowledge.index.shelf(owner) else {
+            return Vec::new();
         };
         let found = detect(
             shelf,
@@ -386,18 +400,11 @@ impl Knowledge {
         outcome: &OutcomeRecord,
         embedder: &dyn Embedder,
     ) -> Option<PatternRecord> {
-        let status = match outcome.status.as_str() {
-            "ok" => ExecutionStatus::Ok,
-            "error" => ExecutionStatus::Error,
-            "timeout" => ExecutionStatus::Timeout,
-            "crashed" => ExecutionStatus::Crashed,
-            _ => ExecutionStatus::Interrupted,
-        };
+        let (status, failure) = stored_status(outcome);
         let error = outcome
             .error_type
             .clone()
             .zip(outcome.error_message.clone());
-        let failure = is_failure(status, error.as_ref());
         let session: Arc<str> = outcome.session_id.as_str().into();
         let followed_failure = match status {
             ExecutionStatus::Ok | ExecutionStatus::Error | ExecutionStatus::Timeout => {
@@ -462,6 +469,52 @@ impl Knowledge {
         );
         new_pattern
     }
+}
+
+/// Outcomes stored with another embedder's vectors get this one's, in batches (one request
+/// per batch for a remote embedder).
+fn reembed(outcomes: &mut [OutcomeRecord], embedder: &dyn Embedder) {
+    const BATCH: usize = 256;
+    let stale: Vec<usize> = (0..outcomes.len())
+        .filter(|&i| {
+            outcomes[i].embedder != embedder.name() || outcomes[i].vector.len() != embedder.dims()
+        })
+        .collect();
+    for chunk in stale.chunks(BATCH) {
+        let texts: Vec<&str> = chunk
+            .iter()
+            .map(|&i| {
+                let outcome = &outcomes[i];
+                let (_, failure) = stored_status(outcome);
+                indexed_text(&outcome.code, failure, outcome.failing_line)
+            })
+            .collect();
+        let vectors: Vec<Vec<i8>> = embedder
+            .embed_batch(&texts)
+            .iter()
+            .map(|vector| quantize(vector))
+            .collect();
+        for (&i, vector) in chunk.iter().zip(vectors) {
+            outcomes[i].vector = vector;
+            outcomes[i].embedder = embedder.name().to_owned();
+        }
+    }
+}
+
+/// A stored outcome's status, and whether it counts as a failure.
+fn stored_status(outcome: &OutcomeRecord) -> (ExecutionStatus, bool) {
+    let status = match outcome.status.as_str() {
+        "ok" => ExecutionStatus::Ok,
+        "error" => ExecutionStatus::Error,
+        "timeout" => ExecutionStatus::Timeout,
+        "crashed" => ExecutionStatus::Crashed,
+        _ => ExecutionStatus::Interrupted,
+    };
+    let error = outcome
+        .error_type
+        .clone()
+        .zip(outcome.error_message.clone());
+    (status, is_failure(status, error.as_ref()))
 }
 
 /// Whether an execution that ended so is a failure worth remembering: the code raised, ran

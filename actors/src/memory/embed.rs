@@ -20,8 +20,17 @@ pub trait Embedder: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// Length of every vector it returns.
     fn dims(&self) -> usize;
-    /// A vector of unit length (all zeros for code with no features).
+    /// A vector of unit length (all zeros for code with no features, or when the embedder
+    /// cannot answer: such code matches nothing).
     fn embed(&self, code: &str) -> Vec<f32>;
+    /// Vectors of several texts, in order; embedders that pay per request take them at once.
+    fn embed_batch(&self, texts: &[&str]) -> Vec<Vec<f32>> {
+        texts.iter().map(|text| self.embed(text)).collect()
+    }
+    /// Texts it could not embed since it started.
+    fn errors(&self) -> u64 {
+        0
+    }
 }
 
 /// The default embedder: hashed token, shape and trigram features (see the module docs).

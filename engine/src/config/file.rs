@@ -282,10 +282,15 @@ impl Settings {
                 .iter()
                 .find(|(first, _)| *first == key)
                 .map(|(_, second)| *second);
+            // A key of a nested table was set with its table.
+            let set_with = |key: &str| {
+                std::iter::successors(Some(key), |key| key.rsplit_once('.').map(|(up, _)| up))
+                    .find_map(|key| origins.get(key))
+            };
             let origin = [Some(key), related]
                 .into_iter()
                 .flatten()
-                .find_map(|key| origins.get(key))
+                .find_map(set_with)
                 .cloned()
                 .unwrap_or(Origin::Default);
             ConfigError::Invalid {
@@ -446,6 +451,10 @@ fn parse_file(path: &Path, text: &str) -> Result<Table, ConfigError> {
     })
 }
 
+/// Tables that are absent by default (`None`), so the defaults do not name them: serde
+/// checks their keys.
+const OPTIONAL_TABLES: &[(&str, &str)] = &[("memory", "embedder")];
+
 /// Fails on a section or key that no setting has, or a section that is not a table.
 fn check_keys(table: &Table, schema: &Table, origin: &Origin) -> Result<(), ConfigError> {
     for (section, value) in table {
@@ -462,7 +471,11 @@ fn check_keys(table: &Table, schema: &Table, origin: &Origin) -> Result<(), Conf
                 message: format!("expected a table [{section}], got {}", value.type_str()),
             });
         };
-        if let Some(key) = keys.keys().find(|key| !known.contains_key(*key)) {
+        let optional = |key: &str| OPTIONAL_TABLES.contains(&(section.as_str(), key));
+        if let Some(key) = keys
+            .keys()
+            .find(|key| !known.contains_key(*key) && !optional(key))
+        {
             return Err(ConfigError::UnknownKey {
                 origin: origin.clone(),
                 key: format!("{section}.{key}"),

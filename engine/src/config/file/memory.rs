@@ -6,7 +6,7 @@ use std::time::Duration;
 use pyvisor_actors::memory::PolicyConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::config::MemoryConfig;
+use crate::config::{MemoryConfig, RemoteEmbedderConfig};
 
 /// `[memory]` as read from TOML.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,6 +29,65 @@ pub struct MemorySettings {
     pub min_failures: u32,
     /// Least executions between two insights of one session.
     pub spacing: u32,
+    /// An OpenAI-compatible embeddings endpoint instead of the local embedder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embedder: Option<EmbedderSettings>,
+}
+
+/// `[memory.embedder]` as read from TOML.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedderSettings {
+    /// The API's base URL; requests go to `{base_url}/embeddings`.
+    pub base_url: String,
+    pub model: String,
+    /// The engine's environment variable holding the API key (never the key itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Vector length to ask for (models that can shorten theirs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<u32>,
+    /// Longest wait for one request, in milliseconds.
+    #[serde(default = "default_embedder_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_embedder_timeout_ms() -> u64 {
+    2_000
+}
+
+impl EmbedderSettings {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let scheme = self.base_url.split("://").next().unwrap_or_default();
+        if !matches!(scheme, "http" | "https") || !self.base_url.contains("://") {
+            return Err((
+                "memory.embedder.base_url",
+                format!(
+                    "must be an http:// or https:// URL, got {:?}",
+                    self.base_url
+                ),
+            ));
+        }
+        if self.model.trim().is_empty() {
+            return Err(("memory.embedder.model", "must not be empty".into()));
+        }
+        if self.api_key_env.as_deref().is_some_and(str::is_empty) {
+            return Err((
+                "memory.embedder.api_key_env",
+                "must name an environment variable".into(),
+            ));
+        }
+        if self.dimensions == Some(0) {
+            return Err(("memory.embedder.dimensions", "must be at least 1".into()));
+        }
+        if !(1..=60_000).contains(&self.timeout_ms) {
+            return Err((
+                "memory.embedder.timeout_ms",
+                format!("must be from 1 to 60000, got {}", self.timeout_ms),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for MemorySettings {
@@ -43,6 +102,7 @@ impl Default for MemorySettings {
             budget: defaults.policy.budget,
             min_failures: defaults.policy.min_failures,
             spacing: defaults.policy.spacing,
+            embedder: None,
         }
     }
 }
@@ -71,7 +131,10 @@ impl MemorySettings {
                 ),
             ));
         }
-        Ok(())
+        match &self.embedder {
+            Some(embedder) => embedder.validate(),
+            None => Ok(()),
+        }
     }
 
     /// The engine's memory configuration.
@@ -88,6 +151,13 @@ impl MemorySettings {
                 budget: self.budget,
                 spacing: self.spacing,
             },
+            embedder: self.embedder.as_ref().map(|e| RemoteEmbedderConfig {
+                base_url: e.base_url.clone(),
+                model: e.model.clone(),
+                api_key_env: e.api_key_env.clone(),
+                dimensions: e.dimensions,
+                timeout: Duration::from_millis(e.timeout_ms),
+            }),
         }
     }
 }

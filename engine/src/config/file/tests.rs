@@ -409,6 +409,14 @@ fn out_of_range_values_name_file_and_key() {
             "[state]\nretention = 0\n",
             "state.retention: must be at least 1, got 0",
         ),
+        (
+            "[memory.embedder]\nbase_url = \"localhost:8080\"\nmodel = \"m\"\n",
+            "memory.embedder.base_url: must be an http:// or https:// URL",
+        ),
+        (
+            "[memory.embedder]\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\ntimeout_ms = 0\n",
+            "memory.embedder.timeout_ms: must be from 1 to 60000, got 0",
+        ),
     ];
     for (text, expected) in cases {
         let path = machine.write("cwd/pyvisor.toml", text);
@@ -489,4 +497,27 @@ fn resolved_helpers_map_the_values() {
     assert_eq!(engine.state.dir, Some(PathBuf::from("/var/lib/pyvisor")));
     assert_eq!(engine.state.auto.after_changes, 0);
     assert_eq!(engine.limits, limits);
+}
+
+#[test]
+fn the_memory_embedder_section_maps_onto_the_engine() {
+    let machine = Machine::new();
+    machine.write(
+        "cwd/pyvisor.toml",
+        "[memory.embedder]\nbase_url = \"http://127.0.0.1:8080/v1\"\nmodel = \"nomic\"\n\
+         api_key_env = \"EMBED_KEY\"\ndimensions = 256\n",
+    );
+    let engine = machine.load(None).unwrap().settings.engine_config();
+    let embedder = engine.memory.embedder.expect("an embedder");
+    assert_eq!(embedder.base_url, "http://127.0.0.1:8080/v1");
+    assert_eq!(embedder.model, "nomic");
+    assert_eq!(embedder.api_key_env.as_deref(), Some("EMBED_KEY"));
+    assert_eq!(embedder.dimensions, Some(256));
+    assert_eq!(embedder.timeout, Duration::from_secs(2));
+    machine.write(
+        "cwd/pyvisor.toml",
+        "[memory.embedder]\nbase_url = \"http://x/v1\"\nmodel = \"m\"\napi_key = \"sk\"\n",
+    );
+    let error = machine.error(None);
+    assert!(error.contains("api_key"), "{error}");
 }
