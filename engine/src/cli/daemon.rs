@@ -87,8 +87,7 @@ pub enum DaemonCommand {
 /// The config file option every `daemon` command takes, as `serve` does.
 #[derive(Debug, Args)]
 pub struct ConfigArg {
-    /// Config file (default: the search order of `pyvisor config check`).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help = super::config::CONFIG_HELP)]
     config: Option<PathBuf>,
 }
 
