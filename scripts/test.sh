@@ -1,18 +1,44 @@
 #!/usr/bin/env bash
-# Runs the whole test suite from a fresh clone: installs what the tests need (idempotently),
-# then checks formatting and lints, then runs every test against real Python workers.
+# Runs the whole test suite from a fresh clone: creates the project's own virtual environment
+# (idempotently) with the Python packages the tests use, checks formatting and lints, runs
+# every Rust test against real Python workers, then the Python client's tests against a real
+# daemon. The test sessions' interpreter is the venv's: it comes first on PATH as `python3`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Optional Python packages the tests exercise (DataFrame HTML results, matplotlib figures).
-if ! python3 -c 'import pandas, matplotlib' 2>/dev/null; then
-    python3 -m pip install --quiet --disable-pip-version-check pandas matplotlib
+# A venv the project owns, never the system Python (PEP 668 marks Debian's and Ubuntu's as
+# externally managed). pandas and matplotlib: DataFrame HTML results and figures; pytest:
+# the client's tests.
+venv=.venv
+if [ ! -x "$venv/bin/python3" ]; then
+    if ! python3 -m venv "$venv"; then
+        rm -rf "$venv"
+        echo "scripts/test.sh: python3 -m venv failed; on Debian or Ubuntu install python3-venv" >&2
+        exit 1
+    fi
 fi
+if ! "$venv/bin/python3" -c 'import pandas, matplotlib, pytest' 2>/dev/null; then
+    "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check pandas matplotlib pytest
+fi
+"$venv/bin/python3" -m pip install --quiet --disable-pip-version-check ./clients/python
+PATH="$PWD/$venv/bin:$PATH"
+export PATH
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --quiet 2>&1 | tee "$log"
+# The client's tests start the `pyvisor` binary that `cargo test` built.
+python3 -m pytest -q -p no:cacheprovider clients/python/tests 2>&1 | tee -a "$log"
 # cargo ends with the (empty) doc-test run of the last crate; close with the whole count.
-awk '/^test result:/ { passed += $4; failed += $6 } END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"
+# pytest closes with "N failed, N passed in Ts" (each part only when not zero).
+awk '/^test result:/ { passed += $4; failed += $6 }
+     / in [0-9.]+s/ && !/^test result:/ {
+         for (i = 2; i <= NF; i++) {
+             word = $(i); gsub(/[,=]/, "", word)
+             if (word == "passed") passed += $(i - 1)
+             if (word == "failed" || word == "error" || word == "errors") failed += $(i - 1)
+         }
+     }
+     END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"

@@ -140,6 +140,7 @@ async fn record_sequence(
             repr_limit: 65536,
             transaction: Transaction::CommitAlways,
             facts: true,
+            cell: None,
         })?;
         let Ok(reply) = tokio::time::timeout(CELL_TIMEOUT, result(&mut worker)).await else {
             eprintln!("{}: cell {index} timed out; rest skipped", sequence.name);

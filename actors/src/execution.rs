@@ -1,5 +1,5 @@
 //! What a caller asks a session to run and what comes back: requests, streamed events and
-//! the final result (the `session.execute` result of SPEC.md §2).
+//! the final result (the `session.execute` result of docs/protocol.md).
 
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ pub struct ExecuteRequest {
     pub queue: bool,
     /// What a failure does to the namespace.
     pub transaction: Transaction,
-    /// Whether a speculative answer may serve it (SPEC.md `cache`); `false` runs it for real.
+    /// Whether a speculative answer may serve it (docs/protocol.md `cache`); `false` runs it for real.
     pub cache: bool,
     /// What the caller says about the code (approach, task, tags), remembered with its
     /// outcome.
@@ -67,7 +67,7 @@ impl ExecuteRequest {
         self
     }
 
-    /// Describes the code for the memory (SPEC.md `meta`).
+    /// Describes the code for the memory (docs/protocol.md `meta`).
     pub fn with_meta(mut self, meta: ExecutionMeta) -> Self {
         self.meta = Some(meta);
         self
@@ -132,7 +132,7 @@ pub enum ExecutionStatus {
 }
 
 impl ExecutionStatus {
-    /// The status as SPEC.md spells it: `ok`, `error`, `timeout`, `interrupted`, `crashed`.
+    /// The status as docs/protocol.md spells it: `ok`, `error`, `timeout`, `interrupted`, `crashed`.
     pub fn as_str(self) -> &'static str {
         match self {
             ExecutionStatus::Ok => "ok",
@@ -144,7 +144,7 @@ impl ExecutionStatus {
     }
 }
 
-/// The outcome of one execution (the `session.execute` result of SPEC.md §2).
+/// The outcome of one execution (the `session.execute` result of docs/protocol.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionResult {
     pub execution_id: String,
@@ -163,16 +163,16 @@ pub struct ExecutionResult {
     /// Set when the session's worker died: what its state came back from.
     pub recovered: Option<Recovered>,
     /// What the caller should know about the session's state, such as "state not saved:
-    /// ..." while a crash would lose it (SPEC.md §2 `warnings`).
+    /// ..." while a crash would lose it (docs/protocol.md `warnings`).
     #[serde(default)]
     pub warnings: Vec<String>,
     /// What the memory recognised in the code before it ran: earlier failures it seems to
-    /// repeat (SPEC.md §2 `insights`).
+    /// repeat (docs/protocol.md `insights`).
     #[serde(default)]
     pub insights: Vec<Insight>,
 }
 
-/// What a session got back after its worker died (SPEC.md §2 `recovered`).
+/// What a session got back after its worker died (docs/protocol.md `recovered`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recovered {
     /// The checkpoint the namespace was restored from; `None` when no checkpoint could be

@@ -1,4 +1,4 @@
-//! Per-session limits (SPEC.md §1 defaults): what the host enforces itself, and what the
+//! Per-session limits (defaults in docs/config.md): what the host enforces itself, and what the
 //! kernel enforces on the worker process through rlimits or a cgroup leaf.
 
 use std::time::Duration;

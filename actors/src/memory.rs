@@ -114,7 +114,7 @@ impl Default for MemoryConfig {
     }
 }
 
-/// An insight on a result (SPEC.md §2 `insights`).
+/// An insight on a result (docs/protocol.md `insights`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Insight {
     /// `i-N` when it was shown on a result; `p-N` (the pattern) from a check.

@@ -1,4 +1,4 @@
-//! The engine's measurements: Prometheus-named metrics (SPEC.md §5) through the `metrics`
+//! The engine's measurements: Prometheus-named metrics (docs/metrics.md) through the `metrics`
 //! facade, and the few running totals that `engine.stats` reports.
 //!
 //! The actors call the functions here at the moment something happens; whoever embeds the

@@ -44,6 +44,7 @@ async fn run(worker: &mut Worker, code: &str, facts: bool) -> Real {
             repr_limit: 65536,
             transaction: Transaction::CommitAlways,
             facts,
+            cell: None,
         },
     );
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
@@ -369,6 +370,7 @@ async fn an_execute_kills_the_speculation() {
             repr_limit: 100,
             transaction: Transaction::CommitAlways,
             facts: false,
+            cell: None,
         },
     );
     let mut speculation = Speculation::default();

@@ -44,6 +44,7 @@ fn execute_message(id: &str, code: &str, transaction: Transaction) -> HostMessag
         repr_limit: 65536,
         transaction,
         facts: false,
+        cell: None,
     }
 }
 

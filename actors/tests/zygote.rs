@@ -62,6 +62,7 @@ async fn execute(worker: &mut Worker, code: &str) -> Outcome {
             repr_limit: 65536,
             transaction: Default::default(),
             facts: false,
+            cell: None,
         })
         .expect("the code fits in a frame");
     let mut stdout = Vec::new();
@@ -215,6 +216,7 @@ async fn forked_worker_is_interrupted_like_a_spawned_one() {
             repr_limit: 1024,
             transaction: Default::default(),
             facts: false,
+            cell: None,
         })
         .unwrap();
     let outcome = tokio::time::timeout(PATIENCE, async {

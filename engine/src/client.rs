@@ -1,4 +1,4 @@
-//! A Rust client of the daemon's JSON-RPC API (SPEC.md §2) over its Unix socket.
+//! A Rust client of the daemon's JSON-RPC API (docs/protocol.md) over its Unix socket.
 //!
 //! [`Client::connect`] opens one connection. The client is cheap to clone, every clone shares
 //! that connection, and any number of calls may be in flight on it at once: a background task

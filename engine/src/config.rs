@@ -1,4 +1,4 @@
-//! Settings of an embedded engine, with the defaults of SPEC.md §1; the daemon's TOML
+//! Settings of an embedded engine, with the defaults of docs/config.md; the daemon's TOML
 //! configuration is read in [`file`] and mapped onto them in [`resolve`].
 
 mod file;

@@ -46,7 +46,7 @@ pub struct Engine {
     inner: Arc<EngineInner>,
 }
 
-/// The figures of `engine.stats` (SPEC.md §2) that exist so far.
+/// The figures of `engine.stats` (docs/protocol.md) that exist so far.
 #[derive(Debug, Clone)]
 pub struct EngineStats {
     pub pool: PoolStats,

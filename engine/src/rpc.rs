@@ -1,4 +1,4 @@
-//! JSON-RPC 2.0 as SPEC.md §2 defines it, independent of the transport: the wire types,
+//! JSON-RPC 2.0 as docs/protocol.md defines it, independent of the transport: the wire types,
 //! the error codes, the method dispatcher, message handling and line framing.
 
 mod caller;

@@ -1,5 +1,5 @@
 //! `pyvisor exec` through the real binary: streaming, input from stdin, JSON output and the
-//! exit statuses of SPEC.md §1, in an embedded engine and through a daemon.
+//! exit statuses the README gives, in an embedded engine and through a daemon.
 
 mod common;
 

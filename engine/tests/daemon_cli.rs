@@ -50,6 +50,11 @@ impl Home {
         self.path().join("run/pyvisor/pyvisor.pid")
     }
 
+    /// The lock file `daemon start` and `stop` take beside the PID file.
+    fn lock_file(&self) -> PathBuf {
+        self.path().join("run/pyvisor/pyvisor.pid.lock")
+    }
+
     /// The pid the PID file names, if there is one.
     fn pid(&self) -> Option<u32> {
         std::fs::read_to_string(self.pid_file())
@@ -190,13 +195,21 @@ async fn start_status_stop_round_trip() {
     );
     assert!(!is_running(pid), "the daemon outlived `daemon stop`");
     assert!(!home.pid_file().exists(), "stop removes the PID file");
+    assert!(!home.lock_file().exists(), "stop leaves no pid.lock behind");
     assert!(!home.socket().exists(), "the daemon removes its socket");
     let out = home.daemon(&["status"]);
     assert_eq!(out.status.code(), Some(3), "{}", show(&out));
-    // Stopping what is not running is not an error.
+    // Stopping what is not running is not an error, and leaves no lock file either.
     let out = home.daemon(&["stop"]);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     assert!(stdout(&out).contains("not running"), "{}", show(&out));
+    assert!(!home.lock_file().exists(), "stop leaves no pid.lock behind");
+    // The next start locks a new file and runs.
+    let again = home.start(&[]);
+    assert!(is_running(again));
+    let out = home.daemon(&["stop"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(!home.lock_file().exists(), "stop leaves no pid.lock behind");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The HTTP server of SPEC.md §3 against a real engine with real Python workers, over real
+//! The HTTP server of docs/protocol.md (HTTP) against a real engine with real Python workers, over real
 //! HTTP and WebSocket connections on 127.0.0.1.
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,4 +1,4 @@
-//! JSON-RPC over the daemon's Unix socket, as SPEC.md §2 defines it: every method, streamed
+//! JSON-RPC over the daemon's Unix socket, as docs/protocol.md defines it: every method, streamed
 //! notifications, many requests in flight, and bad input that must not disturb anyone else.
 
 mod common;

@@ -111,6 +111,7 @@ mod tests {
             repr_limit: 64,
             transaction: Default::default(),
             facts: false,
+            cell: None,
         }
     }
 

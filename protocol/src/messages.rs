@@ -28,6 +28,10 @@ pub enum HostMessage {
         /// result.
         #[serde(default)]
         facts: bool,
+        /// The number N of the cell's filename, `<cell-N>`: the session's execution count,
+        /// which outlives the worker (a crash, a restore); absent, the worker counts its own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cell: Option<u64>,
     },
     /// Interrupt the execution `id`: `KeyboardInterrupt` in its code if it runs, or, if the
     /// worker has it but has not started it, a `KeyboardInterrupt` result without running it.

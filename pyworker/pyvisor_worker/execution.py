@@ -107,14 +107,17 @@ def execute(request):
     code = request.get("code")
     repr_limit = request.get("repr_limit", DEFAULT_REPR_LIMIT)
     transaction = request.get("transaction", "commit_always")
+    number = request.get("cell")
     if (not isinstance(code, str) or not isinstance(repr_limit, int)
-            or transaction not in ("commit_always", "rollback_on_failure")):
+            or transaction not in ("commit_always", "rollback_on_failure")
+            or (number is not None and (type(number) is not int or number < 1))):
         if type(execution_id) is str:
             with state.execution_lock:
                 state.waiting.pop(execution_id, None)
-        problem = "execute request %r needs a code string, an int repr_limit and a transaction"
+        problem = ("execute request %r needs a code string, an int repr_limit, a transaction"
+                   " and no cell or a positive int one")
         raise TypeError(problem % (execution_id,))
-    cell = cells.Cell(code, count_cell(code))
+    cell = cells.Cell(code, count_cell(code, number))
     watch = changes.Watch(cell, rollback=transaction == "rollback_on_failure")
     recorder = facts.Recorder(cell) if request.get("facts") is True else None
     try:
@@ -187,10 +190,14 @@ def result(execution_id, value, error, changed, rolled_back=False):
     }
 
 
-def count_cell(code):
-    """Count an execution of `code`: its filename, ``<cell-N>``, with its source in linecache."""
+def count_cell(code, number=None):
+    """Count an execution of `code`: its filename, ``<cell-N>``, with its source in linecache.
+
+    `number` is the host's count of the session's executions, which a restored worker takes
+    up; without it the worker counts on from its own.
+    """
     global _cell_count
-    _cell_count += 1
+    _cell_count = _cell_count + 1 if number is None else number
     filename = "<cell-%d>" % _cell_count
     # Tracebacks, inspect and pdb read a cell's source from linecache, as they do a file's.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)

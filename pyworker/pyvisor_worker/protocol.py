@@ -30,7 +30,9 @@ Host -> worker:
     {"type": "counted", "code": "df.head()"}                  no reply
     {"type": "shutdown"}
 
-An execute may also carry "facts": true, for a "facts" message about the cell after its result.
+An execute may also carry "facts": true, for a "facts" message about the cell after its result,
+and "cell": N, the session's execution count, so that its code is compiled as ``<cell-N>``
+even in a worker that replaced a crashed one (else the worker counts its own executions).
 
 Executions, checkpoints, restores, speculates and adopts are taken up one at a time by the
 main thread, in arrival order. An inspect, an interrupt or a cancel_speculation is handled at

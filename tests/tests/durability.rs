@@ -397,3 +397,34 @@ async fn a_table_that_compresses_is_stored_compressed_and_comes_back_after_a_cra
     })
     .await;
 }
+
+#[tokio::test]
+async fn traceback_cells_are_numbered_by_the_execution_count_after_a_crash() {
+    let (_dir, _engine, session) = session_with(manual_checkpoints()).await;
+    ok(&session, "def f():\n    return 1 / 0").await;
+    ok(&session, "x = 1").await;
+    within(session.checkpoint()).await.unwrap();
+    ok(&session, "y = 2").await;
+    let crashed = run(&session, "import os\nos._exit(1)").await;
+    assert_eq!(crashed.status, ExecutionStatus::Crashed, "{crashed:?}");
+    assert_eq!(crashed.execution_count, 4);
+    // The new worker restored the checkpoint; its cells go on from the session's count.
+    let failed = run(&session, "x + 1\nf()").await;
+    assert_eq!(failed.status, ExecutionStatus::Error, "{failed:?}");
+    assert_eq!(failed.execution_count, 5);
+    let traceback = failed.error.unwrap().traceback.concat();
+    assert!(
+        traceback.contains("File \"<cell-5>\", line 2"),
+        "{traceback}"
+    );
+    assert!(!traceback.contains("<cell-1>\", line 2"), "{traceback}");
+    // And after an explicit restore too.
+    within(session.restore(None)).await.unwrap();
+    let again = run(&session, "f()").await;
+    assert_eq!(again.execution_count, 6);
+    let traceback = again.error.unwrap().traceback.concat();
+    assert!(
+        traceback.contains("File \"<cell-6>\", line 1"),
+        "{traceback}"
+    );
+}

@@ -1,4 +1,4 @@
-//! The metrics of SPEC.md §5 reach whatever recorder the embedding program installs.
+//! The metrics of docs/metrics.md reach whatever recorder the embedding program installs.
 //!
 //! One test in its own binary: the recorder is process-wide, and the engine's actors record
 //! from threads of their own, so a thread-local recorder would not see them.

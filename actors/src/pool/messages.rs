@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::errors::PoolError;
 use crate::worker::{Worker, WorkerSpec};
 
-/// How many workers the pool keeps and how long callers wait for one (SPEC.md §1 defaults).
+/// How many workers the pool keeps and how long callers wait for one (defaults in docs/config.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolConfig {
     /// Ready workers kept waiting for a session; refilled in the background.
@@ -87,7 +87,7 @@ pub struct DrainPool;
 #[rtype(result = "PoolStats")]
 pub struct GetPoolStats;
 
-/// The pool figures of `engine.stats` (SPEC.md §2), in its wire shape.
+/// The pool figures of `engine.stats` (docs/protocol.md), in its wire shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolStats {
     /// Ready workers waiting for a session.

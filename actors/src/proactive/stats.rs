@@ -1,5 +1,5 @@
 //! The proactive engine's running totals (`engine.stats` `proactive`, `session.info`) and its
-//! Prometheus metrics (SPEC.md §5).
+//! Prometheus metrics (docs/metrics.md).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

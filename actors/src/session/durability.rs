@@ -1,6 +1,6 @@
 //! A session's account of its durable state: which checkpoint its namespace could come back
 //! from, how many executions a crash would lose now, which names no checkpoint holds and why,
-//! and what a result must say about it (SPEC.md §2 `warnings`, `recovered` and
+//! and what a result must say about it (docs/protocol.md `warnings`, `recovered` and
 //! `session.info` `durability`).
 //!
 //! Pure bookkeeping: the SessionActor tells it what happened (an execution changed the

@@ -74,7 +74,7 @@ pub enum CloseState {
 #[rtype(result = "Result<CheckpointSummary, SessionError>")]
 pub struct CheckpointNow;
 
-/// What a checkpoint saved (`session.checkpoint` of SPEC.md §2).
+/// What a checkpoint saved (`session.checkpoint` of docs/protocol.md).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckpointSummary {
     pub checkpoint_id: String,
@@ -95,7 +95,7 @@ pub struct RestoreCheckpoint {
     pub checkpoint_id: Option<CheckpointId>,
 }
 
-/// What a restore brought back (`session.restore` of SPEC.md §2).
+/// What a restore brought back (`session.restore` of docs/protocol.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestoreSummary {
     pub checkpoint_id: String,

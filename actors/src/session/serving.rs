@@ -95,6 +95,7 @@ impl SessionActor {
             repr_limit: self.setup.limits.result_repr_bytes,
             transaction: running.request.transaction,
             facts: self.proactive.is_some(),
+            cell: Some(running.ticket.execution_count),
         };
         if let Some(proactive) = &mut self.proactive {
             if running.request.cache {

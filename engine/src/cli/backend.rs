@@ -76,7 +76,7 @@ pub struct NoDaemon {
 /// `ok` in time, else of an embedded engine with the configured engine settings.
 pub async fn open(open: Open<'_>) -> Result<Backend, OpenError> {
     let settings = Settings::load(open.config)?.settings;
-    // SPEC §1: `--socket`, else `$PYVISOR_SOCKET`, else the configured or default socket.
+    // As docs/protocol.md says: `--socket`, else `$PYVISOR_SOCKET`, else the configured or default socket.
     let from_env = std::env::var_os("PYVISOR_SOCKET")
         .filter(|value| !value.is_empty())
         .map(PathBuf::from);

@@ -8,13 +8,20 @@ use pyvisor::config::Settings;
 
 use super::EXIT_USAGE;
 
+/// The help of every `--config` option: the search order itself, so that no help text sends
+/// the reader to another command's.
+pub const CONFIG_HELP: &str = "Config file (default: the first that exists of $PYVISOR_CONFIG, \
+    ./pyvisor.toml, $XDG_CONFIG_HOME/pyvisor/config.toml (else ~/.config/pyvisor/config.toml), \
+    /etc/pyvisor/config.toml; built-in defaults when none does)";
+
 /// Subcommands of `pyvisor config`.
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Validate a config file (else the one the search order finds) and print the effective
     /// configuration, environment overrides included.
     Check {
-        /// The file to check; without it, the search order of `pyvisor serve` applies.
+        // The file to check.
+        #[arg(value_name = "PATH", help = CONFIG_HELP)]
         path: Option<PathBuf>,
     },
 }

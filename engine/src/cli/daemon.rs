@@ -87,8 +87,7 @@ pub enum DaemonCommand {
 /// The config file option every `daemon` command takes, as `serve` does.
 #[derive(Debug, Args)]
 pub struct ConfigArg {
-    /// Config file (default: the search order of `pyvisor config check`).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help = super::config::CONFIG_HELP)]
     config: Option<PathBuf>,
 }
 
@@ -280,7 +279,17 @@ impl Daemon {
             },
             None => self.settings.shutdown_grace().saturating_add(STOP_MARGIN),
         };
-        let _lock = self.pid_file.lock()?;
+        let lock = self.pid_file.lock()?;
+        let status = self.stop_locked(timeout, args.force).await?;
+        if status == 0 {
+            // No daemon is left: neither is its lock file.
+            lock.remove()?;
+        }
+        Ok(status)
+    }
+
+    /// `stop` with the PID file's lock held.
+    async fn stop_locked(&self, timeout: Duration, force: bool) -> anyhow::Result<u8> {
         let contents = self.pid_file.read()?;
         let pid = match contents {
             Contents::Pid(pid) if self.state(pid) == State::Daemon => pid,
@@ -311,7 +320,7 @@ impl Daemon {
             println!("pyvisor: stopped (pid {pid})");
             return Ok(0);
         }
-        if !args.force {
+        if !force {
             eprintln!(
                 "pyvisor: the daemon (pid {pid}) is still stopping after {}; wait, or run \
                  `pyvisor daemon stop --force`",

@@ -17,7 +17,7 @@ use super::backend::{Backend, BackendError};
 pub enum Format {
     /// Output streams live; then the value, or the traceback.
     Text,
-    /// Nothing streams; stdout gets the one result object of SPEC.md §2.
+    /// Nothing streams; stdout gets the one result object of docs/protocol.md.
     Json,
 }
 
@@ -152,7 +152,7 @@ pub fn report(result: &ExecutionResult, format: Format) {
     }
 }
 
-/// The exit status for an execution outcome (SPEC.md §1).
+/// The exit status for an execution outcome (README, `pyvisor exec`).
 pub fn exit_status(status: ExecutionStatus) -> u8 {
     match status {
         ExecutionStatus::Ok => 0,

@@ -26,8 +26,7 @@ pub struct ExecArgs {
     /// `text` streams output live; `json` prints only the result object.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
-    /// The config file (else the search order of `pyvisor serve`).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help = super::config::CONFIG_HELP)]
     config: Option<std::path::PathBuf>,
     /// The daemon's socket (else `$PYVISOR_SOCKET`, else the configured `server.socket` or
     /// the default).

@@ -22,7 +22,7 @@ pub use repl::ReplArgs;
 pub use replay::ReplayArgs;
 pub use serve::ServeArgs;
 
-/// Exit status for usage and configuration errors (SPEC.md §1).
+/// Exit status for usage and configuration errors (README, `pyvisor exec`).
 pub const EXIT_USAGE: u8 = 2;
 
 /// Supervise persistent Python sessions.

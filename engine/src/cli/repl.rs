@@ -26,8 +26,7 @@ pub struct ReplArgs {
     /// Use the daemon's session NAME (created on first use), which outlives the REPL.
     #[arg(long, value_name = "NAME")]
     session: Option<String>,
-    /// The config file (else the search order of `pyvisor serve`).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help = super::config::CONFIG_HELP)]
     config: Option<std::path::PathBuf>,
     /// The daemon's socket (else `$PYVISOR_SOCKET`, else the configured `server.socket` or
     /// the default).

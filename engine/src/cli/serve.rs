@@ -12,8 +12,7 @@ use super::EXIT_USAGE;
 /// Arguments of `pyvisor serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Config file (default: the search order of `pyvisor config check`).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help = super::config::CONFIG_HELP)]
     config: Option<PathBuf>,
     /// Unix socket to listen on (overrides `server.socket`).
     #[arg(long, value_name = "PATH", conflicts_with = "stdio")]

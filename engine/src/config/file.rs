@@ -1,4 +1,4 @@
-//! The daemon's configuration file (SPEC.md §1): the TOML sections `[server]`, `[engine]`,
+//! The daemon's configuration file (docs/config.md): the TOML sections `[server]`, `[engine]`,
 //! `[pool]`, `[limits]` and `[state]`, where the file is looked for, and the
 //! `PYVISOR_<SECTION>__<KEY>` environment overrides applied on top of it.
 //!

@@ -164,7 +164,7 @@ impl Settings {
 }
 
 /// An HTTP listen address: `host:port`, or a bare `port` (or `:port`) on the loopback
-/// address, the default bind of SPEC.md §3.
+/// address, the default bind of docs/protocol.md (HTTP).
 pub fn http_addr(value: &str) -> Option<SocketAddr> {
     let port = value.strip_prefix(':').unwrap_or(value);
     if let Ok(port) = port.parse::<u16>() {

@@ -1,4 +1,4 @@
-//! The methods of SPEC.md §2 over an [`Engine`]: decode params, call the engine, encode the
+//! The methods of docs/protocol.md over an [`Engine`]: decode params, call the engine, encode the
 //! result. Every transport (Unix socket, stdio, HTTP, WebSocket) goes through one
 //! [`Dispatcher`], so they behave alike.
 

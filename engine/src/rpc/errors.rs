@@ -1,5 +1,5 @@
 //! JSON-RPC error objects, and the one place where every engine error gets its code
-//! (SPEC.md §2).
+//! (docs/protocol.md).
 
 use pyvisor_actors::checkpoint::CheckpointError;
 use pyvisor_actors::{PoolError, SessionError, SupervisorError};
@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use crate::errors::EngineError;
 
-/// The error codes of SPEC.md §2.
+/// The error codes of docs/protocol.md.
 pub mod code {
     pub const PARSE_ERROR: i64 = -32700;
     pub const INVALID_REQUEST: i64 = -32600;

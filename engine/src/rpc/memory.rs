@@ -1,4 +1,4 @@
-//! The `memory.*` methods of SPEC.md §2 (check, feedback, search, stats): their params and
+//! The `memory.*` methods of docs/protocol.md (check, feedback, search, stats): their params and
 //! results, and how each is confined to an owner.
 //!
 //! `scope` is the owner the dispatcher resolved from the caller and the `owner` param, as for

@@ -1,4 +1,4 @@
-//! The JSON shapes of SPEC.md §2: the params and results of every method and the streamed
+//! The JSON shapes of docs/protocol.md: the params and results of every method and the streamed
 //! notifications. The server decodes params and encodes results with these types, and
 //! [`crate::client`] does the reverse, so both ends agree by construction.
 
@@ -392,7 +392,7 @@ pub struct DisplayNote {
     pub data: String,
 }
 
-/// Method names, as SPEC.md §2 spells them.
+/// Method names, as docs/protocol.md spells them.
 pub mod method {
     pub const CREATE: &str = "session.create";
     pub const EXECUTE: &str = "session.execute";
@@ -409,7 +409,7 @@ pub mod method {
     pub const HEALTH: &str = "engine.health";
 }
 
-/// Notification names, as SPEC.md §2 spells them.
+/// Notification names, as docs/protocol.md spells them.
 pub mod notification {
     pub const OUTPUT: &str = "session.output";
     pub const INPUT_REQUEST: &str = "session.input_request";

@@ -47,7 +47,7 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// Ping systemd's watchdog when it asks for pings.
     pub watchdog: bool,
-    /// Also serve HTTP (SPEC.md §3).
+    /// Also serve HTTP (docs/protocol.md (HTTP)).
     pub http: Option<HttpListen>,
     /// The most a client may ask for in a session's limits (`[limits.max]`).
     pub limit_ceilings: LimitCeilings,

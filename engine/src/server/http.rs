@@ -1,4 +1,4 @@
-//! The HTTP transport of SPEC.md §3: REST routes that map onto the [`Dispatcher`]'s
+//! The HTTP transport of docs/protocol.md (HTTP): REST routes that map onto the [`Dispatcher`]'s
 //! methods, a WebSocket route that speaks the JSON-RPC of §2, `/metrics`, `/healthz`,
 //! `/readyz`, and in front of all of them the guards of `guard`: `Host` and `Origin`
 //! checks, bearer-token auth that tells who the caller is, and JSON-only bodies.

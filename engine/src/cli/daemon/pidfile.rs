@@ -8,7 +8,7 @@
 use std::fmt;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -94,23 +94,60 @@ impl PidFile {
     }
 
     /// Takes the exclusive lock beside the PID file (`<pid file>.lock`), waiting for another
-    /// `daemon start` or `daemon stop` to finish. Released when the guard is dropped; the lock
-    /// file itself stays (removing it would let two commands lock two different files).
-    pub fn lock(&self) -> anyhow::Result<Flock<File>> {
+    /// `daemon start` or `daemon stop` to finish. Released when the guard is dropped;
+    /// [`PidLock::remove`] also removes the file once no daemon is left.
+    pub fn lock(&self) -> anyhow::Result<PidLock> {
         create_private_dir(&self.path)?;
         let path = self
             .path
             .with_file_name(format!("{}.lock", file_name(&self.path)));
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .with_context(|| format!("open {}", path.display()))?;
-        Flock::lock(file, FlockArg::LockExclusive)
-            .map_err(|(_, errno)| io::Error::from(errno))
-            .with_context(|| format!("lock {}", path.display()))
+        loop {
+            let file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("open {}", path.display()))?;
+            let file = Flock::lock(file, FlockArg::LockExclusive)
+                .map_err(|(_, errno)| io::Error::from(errno))
+                .with_context(|| format!("lock {}", path.display()))?;
+            // The command that held the lock may have removed the file meanwhile: then this
+            // lock is on a file nobody else will open, and the one to take is at the path now.
+            let held = file
+                .metadata()
+                .with_context(|| format!("stat {}", path.display()))?;
+            match std::fs::metadata(&path) {
+                Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => {
+                    return Ok(PidLock { file, path });
+                }
+                Ok(_) => continue,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                Err(err) => return Err(err).with_context(|| format!("stat {}", path.display())),
+            }
+        }
+    }
+}
+
+/// The lock of [`PidFile::lock`], held until it is dropped.
+#[derive(Debug)]
+pub struct PidLock {
+    file: Flock<File>,
+    path: PathBuf,
+}
+
+impl PidLock {
+    /// Removes the lock file, then releases the lock: after a stop nothing is left behind.
+    /// A command waiting for the lock meanwhile sees that its file is gone and locks anew.
+    pub fn remove(self) -> anyhow::Result<()> {
+        let removed = std::fs::remove_file(&self.path);
+        drop(self.file);
+        match removed {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => {
+                Err(err).with_context(|| format!("remove {}", self.path.display()))
+            }
+            _ => Ok(()),
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! The `/v1/memory` routes of SPEC.md §3: `POST check`, `POST feedback`, `POST search` (bodies
+//! The `/v1/memory` routes of docs/protocol.md (HTTP): `POST check`, `POST feedback`, `POST search` (bodies
 //! as the `memory.*` params) and `GET stats[?owner=]`, each answering its method's result.
 
 use actix_web::{web, HttpRequest, HttpResponse};

@@ -1,4 +1,4 @@
-//! The REST routes of SPEC.md §3 under `/v1`. Each route turns its path, query and body into
+//! The REST routes of docs/protocol.md (HTTP) under `/v1`. Each route turns its path, query and body into
 //! the params of one JSON-RPC method and answers with that method's result, so HTTP and
 //! JSON-RPC behave alike. A POST body is the method's params without `session_id` (the path
 //! gives it). Plain HTTP has nowhere to send notifications: an execution's output arrives

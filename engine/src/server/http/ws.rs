@@ -1,4 +1,4 @@
-//! `GET /v1/sessions/{id}/ws`: JSON-RPC (SPEC.md §2) over a WebSocket. Each text (or
+//! `GET /v1/sessions/{id}/ws`: JSON-RPC (docs/protocol.md) over a WebSocket. Each text (or
 //! binary) message from the client is one JSON-RPC message — request, notification or batch —
 //! handled by [`rpc::respond`]. Messages are handled concurrently, so a long
 //! `session.execute` does not hold up the `session.input` or `session.interrupt` that

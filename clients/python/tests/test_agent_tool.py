@@ -1,0 +1,108 @@
+"""examples/agent_tool.py against a fake OpenAI-compatible server on loopback that speaks
+chat completions with a scripted tool call, and a real daemon running the tool's code."""
+
+import importlib.util
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import REPO
+
+
+def load_agent_tool():
+    spec = importlib.util.spec_from_file_location("agent_tool", REPO / "examples" / "agent_tool.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class FakeChat:
+    """A chat completions server that answers each request with the next scripted message
+    and keeps what it was sent."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.requests = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append((self.path, self.headers.get("Authorization"), body))
+                message = fake.script.pop(0)
+                reply = json.dumps({"id": "chatcmpl-1", "object": "chat.completion",
+                                    "choices": [{"index": 0, "message": message,
+                                                 "finish_reason": "stop"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d/v1" % self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def tool_call(call_id, code):
+    return {"id": call_id, "type": "function",
+            "function": {"name": "run_python", "arguments": json.dumps({"code": code})}}
+
+
+@pytest.fixture
+def agent_tool():
+    return load_agent_tool()
+
+
+def test_the_tool_definition_is_a_function_with_a_json_schema(agent_tool):
+    function = agent_tool.RUN_PYTHON["function"]
+    assert agent_tool.RUN_PYTHON["type"] == "function"
+    assert function["parameters"]["required"] == ["code"]
+    assert function["parameters"]["properties"]["code"]["type"] == "string"
+
+
+def test_the_loop_runs_the_models_tool_calls_in_one_session(agent_tool, session):
+    fake = FakeChat([
+        {"role": "assistant", "content": None,
+         "tool_calls": [tool_call("call-1", "def fib(n):\n    a, b = 0, 1\n"
+                                            "    for _ in range(n):\n        a, b = b, a + b\n"
+                                            "    return a\nprint('defined')")]},
+        {"role": "assistant", "content": None,
+         "tool_calls": [tool_call("call-2", "fib(20)"), tool_call("call-3", "1/0")]},
+        {"role": "assistant", "content": "The 20th Fibonacci number is 6765."},
+    ])
+    try:
+        answer = agent_tool.agent("What is fib(20)?", session, fake.url, "test-key", "m")
+    finally:
+        fake.stop()
+    assert answer == "The 20th Fibonacci number is 6765."
+    assert len(fake.requests) == 3
+    path, authorization, first = fake.requests[0]
+    assert path == "/v1/chat/completions"
+    assert authorization == "Bearer test-key"
+    assert first["tools"] == [agent_tool.RUN_PYTHON]
+    tools = {m["tool_call_id"]: m["content"] for m in fake.requests[2][2]["messages"]
+             if m["role"] == "tool"}
+    assert tools["call-1"] == "defined\n"
+    # The second call used what the first defined: the session persisted.
+    assert tools["call-2"] == "6765"
+    assert "ZeroDivisionError" in tools["call-3"]
+
+
+def test_a_bad_tool_call_is_answered_not_run(agent_tool, session):
+    message = agent_tool.call_tool(session, {"id": "c", "function": {
+        "name": "run_python", "arguments": "not json"}})
+    assert "JSON object" in message["content"]
+    message = agent_tool.call_tool(session, {"id": "d", "function": {"name": "rm_rf"}})
+    assert "unknown tool" in message["content"]
+    assert session.info()["execution_count"] == 0
