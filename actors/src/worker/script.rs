@@ -14,15 +14,18 @@
 //! and every plain spawn, checks that the directory holds exactly those files, unchanged
 //! (any write or rename changes a change time), and reinstalls it otherwise. There is no
 //! bytecode to trust either: each interpreter compiles the package in memory when it starts
-//! (about 15 ms, once per zygote), so engines sharing the directory never race to write it.
+//! (about 15 ms, once per zygote), so engines sharing the directory never race to write it;
+//! installs themselves take turns on a `flock` beside the package.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
+
+use nix::fcntl::{Flock, FlockArg};
 
 use crate::errors::SpawnError;
 
@@ -85,6 +88,23 @@ pub fn install_worker_package(cache_dir: &Path) -> Result<PathBuf, SpawnError> {
             .create(cache_dir)
             .map_err(fail(cache_dir))?;
     }
+    // Engines installing at once (tests start many) would take each other's temporary files
+    // for strangers: one installs at a time, across processes.
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(cache_dir)
+        .map_err(fail(cache_dir))?;
+    let lock_path = cache_dir.join(format!("worker-{:016x}.lock", package_hash()));
+    let lock_file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(fail(&lock_path))?;
+    let _installing = Flock::lock(lock_file, FlockArg::LockExclusive)
+        .map_err(|(_, errno)| fail(&lock_path)(io::Error::from(errno)))?;
     let modes = Modes::for_owner();
     for (name, source) in WORKER_FILES {
         let path = package.join(name);
@@ -332,6 +352,26 @@ mod tests {
         assert_eq!(install_worker_package(dir.path()).unwrap(), first);
         assert!(first.join(removed).exists());
         assert_eq!(fs::read_to_string(first.join(changed)).unwrap(), *source);
+    }
+
+    #[test]
+    fn engines_installing_at_once_all_get_the_whole_package() {
+        // Each round starts from an empty cache, where every engine writes every file.
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let installs: Vec<_> = (0..8)
+                .map(|_| {
+                    let cache = dir.path().join("cache");
+                    std::thread::spawn(move || install_worker_package(&cache))
+                })
+                .collect();
+            for install in installs {
+                let package = install.join().unwrap().expect("every install succeeds");
+                for (name, source) in WORKER_FILES {
+                    assert_eq!(fs::read_to_string(package.join(name)).unwrap(), *source);
+                }
+            }
+        }
     }
 
     #[test]
