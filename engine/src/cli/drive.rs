@@ -12,12 +12,12 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use super::backend::{Backend, BackendError};
 
-/// How a command shows an execution.
+/// How a command shows what it got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// Output streams live; then the value, or the traceback.
+    /// For people: output streams live, then the value or the traceback; tables for lists.
     Text,
-    /// Nothing streams; stdout gets the one result object of SPEC.md §2.
+    /// For programs: one JSON value on stdout (for code, its result object; nothing streams).
     Json,
 }
 
