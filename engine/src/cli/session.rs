@@ -13,7 +13,7 @@ use pyvisor::rpc::wire::{
     CheckpointEntry, CheckpointTaken, LostName, Restored, SessionInfo, VariableInfo,
 };
 
-use super::table::{age, bytes, or_dash, render};
+use super::table::{age, bytes, or_dash, render_or};
 use super::target::{refused, Target};
 
 /// Subcommands of `pyvisor session`.
@@ -128,9 +128,6 @@ async fn call(client: &Client, command: &SessionCommand) -> u8 {
 
 /// The table of `session list`.
 fn list(sessions: &[SessionInfo]) -> String {
-    if sessions.is_empty() {
-        return "no sessions\n".to_owned();
-    }
     let rows: Vec<Vec<String>> = sessions
         .iter()
         .map(|session| {
@@ -148,7 +145,8 @@ fn list(sessions: &[SessionInfo]) -> String {
             ]
         })
         .collect();
-    render(
+    render_or(
+        "no sessions",
         &[
             "ID",
             "NAME",
@@ -225,9 +223,6 @@ fn info_text(info: &SessionInfo) -> String {
 }
 
 fn variables(variables: &[VariableInfo]) -> String {
-    if variables.is_empty() {
-        return "no variables\n".to_owned();
-    }
     let rows: Vec<Vec<String>> = variables
         .iter()
         .map(|variable| {
@@ -238,7 +233,7 @@ fn variables(variables: &[VariableInfo]) -> String {
             ]
         })
         .collect();
-    render(&["VARIABLE", "TYPE", "SIZE"], &rows)
+    render_or("no variables", &["VARIABLE", "TYPE", "SIZE"], &rows)
 }
 
 /// The text of `session checkpoint`.
@@ -269,9 +264,6 @@ fn restore_text(restored: &Restored) -> String {
 
 /// The table of `session checkpoints`.
 fn checkpoints(entries: &[CheckpointEntry]) -> String {
-    if entries.is_empty() {
-        return "no checkpoints\n".to_owned();
-    }
     let rows: Vec<Vec<String>> = entries
         .iter()
         .map(|entry| {
@@ -284,7 +276,11 @@ fn checkpoints(entries: &[CheckpointEntry]) -> String {
             ]
         })
         .collect();
-    render(&["ID", "AGE", "EXECS", "STATE", "NAMES"], &rows)
+    render_or(
+        "no checkpoints",
+        &["ID", "AGE", "EXECS", "STATE", "NAMES"],
+        &rows,
+    )
 }
 
 /// One line per name in `lost`, saying why.

@@ -24,6 +24,14 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The table of `rows`, or the line `none` when there are no rows.
+pub fn render_or(none: &str, headers: &[&str], rows: &[Vec<String>]) -> String {
+    match rows.is_empty() {
+        true => format!("{none}\n"),
+        false => render(headers, rows),
+    }
+}
+
 /// `bytes` in B, KiB, MiB or GiB with one decimal.
 pub fn bytes(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
