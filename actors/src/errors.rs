@@ -79,6 +79,9 @@ pub enum SessionError {
     /// The worker could not write or read a checkpoint.
     #[error("checkpoint session {session_id}: the worker failed: {reason}")]
     WorkerState { session_id: String, reason: String },
+    /// A completion's cursor lies past the end of its code.
+    #[error("complete at character {cursor}: the code has {chars} characters")]
+    CursorOutOfRange { cursor: usize, chars: usize },
 }
 
 /// Failure to get a worker from the pool.

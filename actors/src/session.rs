@@ -32,6 +32,7 @@ use crate::pool::{Acquire, PoolActor, Slot};
 use crate::running::{InterruptCause, Running};
 use crate::worker::{Worker, WorkerEvent, WorkerSpec};
 
+mod completion;
 mod durability;
 mod events;
 mod handlers;
@@ -43,6 +44,7 @@ mod speculation;
 mod state;
 mod worker_events;
 
+pub use completion::{Complete, Completion, MAX_COMPLETE_BYTES};
 pub use durability::DurabilityReport;
 pub use events::{Executed, SessionEvent, Speculated, Subscribers};
 pub use messages::{
@@ -141,6 +143,7 @@ pub struct SessionActor {
     /// The phase last published to the `pyvisor_sessions` gauge.
     published_phase: Option<&'static str>,
     durability: Durability,
+    completions: completion::Completions,
     /// Keep the session's checkpoints when it closes (else they are deleted).
     keep_state: bool,
     proactive: Option<proactive::Proactive>,
@@ -176,6 +179,7 @@ impl SessionActor {
             draining: None,
             published_phase: None,
             durability,
+            completions: Default::default(),
             keep_state: false,
             proactive,
             events,

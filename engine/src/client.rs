@@ -239,6 +239,22 @@ impl Client {
         Ok(())
     }
 
+    /// The names and attributes that can finish the word ending at character `cursor` of
+    /// `code` (its end when `None`), from the session's namespace.
+    pub async fn complete(
+        &self,
+        session_id: &str,
+        code: &str,
+        cursor: Option<usize>,
+    ) -> Result<wire::Completed, ClientError> {
+        let params = wire::CompleteParams {
+            session_id: session_id.to_owned(),
+            code: code.to_owned(),
+            cursor,
+        };
+        self.typed(method::COMPLETE, Some(&params)).await
+    }
+
     /// The pool's figures and the engine's totals.
     pub async fn stats(&self) -> Result<Stats, ClientError> {
         self.typed(method::STATS, None::<&Value>).await

@@ -41,8 +41,8 @@ pub use pyvisor_actors::metrics::describe as describe_metrics;
 pub use pyvisor_actors::pool::{PoolConfig, PoolStats};
 pub use pyvisor_actors::proactive::stats::ProactiveStats;
 pub use pyvisor_actors::session::{
-    AutoCheckpoint, CheckpointSummary, DurabilityReport, Inspection, RestoreSummary, SessionPhase,
-    SessionSnapshot,
+    AutoCheckpoint, CheckpointSummary, Completion, DurabilityReport, Inspection, RestoreSummary,
+    SessionPhase, SessionSnapshot,
 };
 pub use pyvisor_actors::supervisor::{Interpreter, Quotas, SessionOptions};
 pub use pyvisor_actors::{

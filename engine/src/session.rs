@@ -10,9 +10,9 @@ use futures::Stream;
 use pyvisor_actors::checkpoint::{CheckpointId, CheckpointInfo};
 use pyvisor_actors::proactive::predictor::Hint;
 use pyvisor_actors::session::{
-    CheckpointNow, CheckpointSummary, Close, CloseState, Execute, ExecutionTicket, GetInfo,
-    Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary, SendInput, SessionPhase,
-    SessionSnapshot,
+    CheckpointNow, CheckpointSummary, Close, CloseState, Complete, Completion, Execute,
+    ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary,
+    SendInput, SessionPhase, SessionSnapshot,
 };
 use pyvisor_actors::supervisor::SessionHandle;
 use pyvisor_actors::{ExecuteRequest, ExecutionEvent, ExecutionResult, SessionError};
@@ -144,6 +144,20 @@ impl Session {
     /// Raises `KeyboardInterrupt` in the running code; false if nothing was running.
     pub async fn interrupt(&self) -> Result<bool, EngineError> {
         Ok(self.handle.addr.send(Interrupt).await?)
+    }
+
+    /// The names and attributes that can finish the word ending at character `cursor` of
+    /// `code` (the end when `None`), from the session's namespace, as `rlcompleter` finds
+    /// them: no call or subscript is evaluated. While code runs the answer is at once empty
+    /// and `busy`.
+    pub async fn complete(
+        &self,
+        code: impl Into<String>,
+        cursor: Option<usize>,
+    ) -> Result<Completion, EngineError> {
+        let code = code.into();
+        let cursor = cursor.unwrap_or_else(|| code.chars().count());
+        Ok(self.handle.addr.send(Complete { code, cursor }).await??)
     }
 
     /// Tells the engine that the session will likely run `code` soon: while the session is

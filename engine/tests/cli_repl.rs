@@ -208,6 +208,34 @@ mod on_a_terminal {
         assert!(status.success(), "{status}");
     }
 
+    #[test]
+    fn tab_completes_names_from_the_session() {
+        let home = tempfile::tempdir().unwrap();
+        let mut terminal = Terminal::start(home.path());
+        terminal.wait_for(">>> ");
+        terminal.type_keys("import math\r");
+        terminal.wait_for(">>> ");
+        // One match: Tab completes it in the line, with the "(" of a callable.
+        terminal.type_keys("math.facto\t");
+        terminal.wait_for("math.factorial(");
+        terminal.type_keys("5)\r");
+        terminal.wait_for("120\r\n");
+        terminal.wait_for(">>> ");
+        // Several: the first Tab completes their common part, the second lists them.
+        terminal.type_keys("sales_north = 1; sales_south = 2\r");
+        terminal.wait_for(">>> ");
+        terminal.type_keys("sal\t");
+        terminal.wait_for("sales_");
+        terminal.type_keys("\t");
+        terminal.wait_for("sales_north");
+        terminal.wait_for("sales_south");
+        terminal.type_keys("s\t\r");
+        terminal.wait_for("2\r\n");
+        terminal.wait_for(">>> ");
+        terminal.type_keys("\x04");
+        assert!(terminal.child.wait().unwrap().success());
+    }
+
     /// Whether a checkpoint file exists anywhere under `dir`.
     fn holds_a_checkpoint(dir: &std::path::Path) -> bool {
         std::fs::read_dir(dir)

@@ -66,6 +66,13 @@ pub enum HostMessage {
     },
     /// Describe the namespace; answered at once, also while code runs.
     Inspect { id: String },
+    /// Complete the name or dotted attribute that ends at byte `cursor` of `text`, from the
+    /// namespace, as `rlcompleter` does; served between executions, in order with them.
+    Complete {
+        id: String,
+        text: String,
+        cursor: usize,
+    },
     /// Run predicted snippets, in order, in a forked child of the worker (between
     /// executions): the session's namespace is never touched. Each snippet is answered by a
     /// [`WorkerMessage::Speculated`] as soon as it is done, then the speculation by one
@@ -346,6 +353,9 @@ pub enum WorkerMessage {
         /// Resident memory of the worker process.
         rss_bytes: Option<u64>,
     },
+    /// The completions of the complete request `id`: each replaces the word before the
+    /// cursor (the run of identifier characters and dots that ends there).
+    CompleteDone { id: String, matches: Vec<String> },
 }
 
 /// A name a checkpoint could not save, or a restore could not bring back.

@@ -13,8 +13,8 @@ import signal
 import sys
 
 from pyvisor_worker import (
-    adoption, checkpoints, display, execution, inspection, prompts, protocol, restores,
-    sandbox, speculation, state, surroundings, zygote,
+    adoption, checkpoints, completion, display, execution, inspection, prompts, protocol,
+    restores, sandbox, speculation, state, surroundings, zygote,
 )
 
 _USAGE = ("usage: python3 -I -B -u WORKER_DIRECTORY [--zygote] [--preload MODULE[,MODULE...]]"
@@ -86,8 +86,8 @@ def main(preload=()):
 
 
 def _serve():
-    """Main loop: serve the execute, checkpoint, restore, speculate and adopt requests in
-    arrival order."""
+    """Main loop: serve the execute, checkpoint, restore, speculate, adopt and complete
+    requests in arrival order."""
     while True:
         request = protocol.requests.get()
         kind = request.get("type")
@@ -103,6 +103,8 @@ def _serve():
                 reply = adoption.adopt(request)
             elif kind == "counted":
                 reply = adoption.counted(request)
+            elif kind == "complete":
+                reply = completion.complete(request)
             else:
                 reply = restores.restore(request)
         except BaseException as exc:
@@ -126,5 +128,7 @@ def _fault_reply(request, exc):
         return adoption.adopt_done(request_id, reason)
     if kind == "counted":  # nothing to answer: the host served it already
         return None
+    if kind == "complete":
+        return {"type": "complete_done", "id": request_id, "matches": []}
     return {"type": "restore_done", "id": request_id, "restored": [], "kept": [], "lost": [],
             "error": reason}

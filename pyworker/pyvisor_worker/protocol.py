@@ -20,6 +20,7 @@ Host -> worker:
     {"type": "restore", "id": "r-1", "index": {...},
      "groups": [{"token": "...", "names": ["df"], "path": "/dir/blob"}], "clear": true}
     {"type": "inspect", "id": "i-1"}
+    {"type": "complete", "id": "k-1", "text": "df.gr", "cursor": 5}      cursor in characters
     {"type": "speculate", "id": "s-1", "snippets": ["df.head()"], "repr_limit": 65536,
      "output_limit": 65536, "cpu_ms": 2000}
     {"type": "cancel_speculation", "id": "s-1"}
@@ -34,7 +35,7 @@ An execute may also carry "facts": true, for a "facts" message about the cell af
 and "cell": N, the session's execution count, so that its code is compiled as ``<cell-N>``
 even in a worker that replaced a crashed one (else the worker counts its own executions).
 
-Executions, checkpoints, restores, speculates and adopts are taken up one at a time by the
+Executions, checkpoints, restores, speculates, adopts and completes are taken up one at a time by the
 main thread, in arrival order. An inspect, an interrupt or a cancel_speculation is handled at
 once by the thread that reads the requests, also while code runs; so is the kill of the
 speculation child when an execute or a restore arrives.
@@ -61,6 +62,7 @@ Worker -> host:
      "variables": [{"name": "df", "type": "pandas.core.frame.DataFrame", "size_bytes": 2400}],
      "definitions": [{"name": "f", "kind": "function" | "class" | "lambda", "source": "..."}],
      "rss_bytes": 31457280 | null}
+    {"type": "complete_done", "id": "k-1", "matches": ["df.groupby("]}
     {"type": "speculated", "id": "s-1", "index": 0,
      "outcome": {"status", "stdout", "stderr", "result", "display": [{"mime", "data"}],
                  "error", "servable", "refusal", "reads", "files", "ambient", "binds",
@@ -79,8 +81,8 @@ modules that make the messages document their fields: execution (results, errors
 interrupts), changes ("changed" and transactions), display, prompts (input requests),
 checkpoints (checkpoints), versions (groups and what changed), blobfiles (the files), restores,
 inspection, zygote (preload and the zygote), facts (cell facts, with summaries and
-surroundings), speculation and snippets (speculative runs, with purity for the guard and
-fingerprints for the stamps), adoption (adopt).
+surroundings), completion (complete), speculation and snippets (speculative runs, with purity
+for the guard and fingerprints for the stamps), adoption (adopt).
 
 Ordering: before writing any frame, the worker flushes sys.stdout and sys.stderr (and the
 original ones, should the code have replaced them), so all that the code printed before a frame
@@ -264,7 +266,7 @@ def read_requests(interrupt, inspect, cancel_speculation):
             # With the count of cancels so far: an execute that comes after it cancels it
             # even before it starts.
             requests.put(dict(message, cancels=state.speculation_cancels))
-        elif kind in ("checkpoint", "adopt", "counted"):
+        elif kind in ("checkpoint", "adopt", "counted", "complete"):
             requests.put(message)
         elif kind == "cancel_speculation":
             cancel_speculation(message.get("id"))

@@ -466,6 +466,7 @@ impl SessionActor {
     /// `crashed`, returns what the session comes back with, and has the next worker restore
     /// the latest checkpoint if there is one.
     pub(super) fn forget_worker_requests(&mut self, crashed: bool) -> Option<Recovered> {
+        self.completions.forget();
         for (_, pending) in self.durability.pending.drain() {
             let lost = || SessionError::WorkerState {
                 session_id: self.session_id.clone(),

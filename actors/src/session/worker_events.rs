@@ -62,6 +62,9 @@ impl SessionActor {
                 };
                 return self.inspect_done(&id, inspection);
             }
+            WorkerMessage::CompleteDone { id, matches } => {
+                return self.complete_done(&id, matches);
+            }
             WorkerMessage::Speculated { id, index, outcome } => {
                 return self.speculated(&id, index, *outcome, ctx);
             }

@@ -76,15 +76,7 @@ pub struct NoDaemon {
 /// `ok` in time, else of an embedded engine with the configured engine settings.
 pub async fn open(open: Open<'_>) -> Result<Backend, OpenError> {
     let settings = Settings::load(open.config)?.settings;
-    // As docs/protocol.md says: `--socket`, else `$PYVISOR_SOCKET`, else the configured or default socket.
-    let from_env = std::env::var_os("PYVISOR_SOCKET")
-        .filter(|value| !value.is_empty())
-        .map(PathBuf::from);
-    let socket = match (open.socket, from_env) {
-        (Some(socket), _) => socket.to_owned(),
-        (None, Some(socket)) => socket,
-        (None, None) => settings.socket_path(),
-    };
+    let socket = daemon_socket(&settings, open.socket);
     match connect_daemon(&socket).await {
         Ok(client) => {
             if open.verbose {
@@ -112,8 +104,21 @@ pub async fn open(open: Open<'_>) -> Result<Backend, OpenError> {
     }
 }
 
+/// Where clients look for the daemon: `--socket`, else `$PYVISOR_SOCKET`, else the
+/// configured or default socket.
+pub fn daemon_socket(settings: &Settings, flag: Option<&Path>) -> PathBuf {
+    let from_env = std::env::var_os("PYVISOR_SOCKET")
+        .filter(|value| !value.is_empty())
+        .map(PathBuf::from);
+    match (flag, from_env) {
+        (Some(socket), _) => socket.to_owned(),
+        (None, Some(socket)) => socket,
+        (None, None) => settings.socket_path(),
+    }
+}
+
 /// A client of the daemon at `socket`, or why there is none.
-async fn connect_daemon(socket: &Path) -> Result<Client, String> {
+pub async fn connect_daemon(socket: &Path) -> Result<Client, String> {
     let probe = async {
         let client = Client::connect(socket).await?;
         let health = client.health().await?;
@@ -265,6 +270,19 @@ impl Backend {
         }
     }
 
+    /// A handle that completes names in this session, for the line editor's thread.
+    pub fn completer(&self) -> Completer {
+        match self {
+            Backend::Daemon {
+                client, session_id, ..
+            } => Completer::Daemon {
+                client: client.clone(),
+                session_id: session_id.clone(),
+            },
+            Backend::Embedded { session, .. } => Completer::Embedded(session.as_ref().clone()),
+        }
+    }
+
     /// Closes a temporary daemon session; a named one stays, an embedded one ends with the
     /// engine.
     pub async fn finish(self) -> Result<(), BackendError> {
@@ -277,6 +295,35 @@ impl Backend {
             client.close(&session_id, false).await?;
         }
         Ok(())
+    }
+}
+
+/// Completes names in a [`Backend`]'s session (`session.complete`).
+pub enum Completer {
+    Daemon { client: Client, session_id: String },
+    Embedded(Session),
+}
+
+impl Completer {
+    /// What can finish the word ending at character `cursor` of `code`; none when the
+    /// session is busy or cannot answer.
+    pub async fn complete(&self, code: &str, cursor: usize) -> Vec<String> {
+        let matches = match self {
+            Completer::Daemon { client, session_id } => client
+                .complete(session_id, code, Some(cursor))
+                .await
+                .map(|done| done.matches)
+                .map_err(BackendError::from),
+            Completer::Embedded(session) => session
+                .complete(code, Some(cursor))
+                .await
+                .map(|done| done.matches)
+                .map_err(BackendError::from),
+        };
+        matches.unwrap_or_else(|err| {
+            tracing::debug!(%err, "no completion");
+            Vec::new()
+        })
     }
 }
 

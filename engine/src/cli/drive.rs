@@ -12,12 +12,13 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use super::backend::{Backend, BackendError};
 
-/// How a command shows an execution.
+/// How a command shows what it got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// Output streams live; then the value, or the traceback.
+    /// For people: output streams live, then the value or the traceback; tables for lists.
     Text,
-    /// Nothing streams; stdout gets the one result object of docs/protocol.md.
+    /// For programs: one JSON value on stdout (for code, the result object of
+    /// docs/protocol.md; nothing streams).
     Json,
 }
 

@@ -1,17 +1,18 @@
 //! `pyvisor exec`: run code once, in the daemon when its socket answers (in a temporary
 //! session, or the named one with `--session`), else in an engine embedded for this one call;
 //! stream output live, answer `input()` from stdin, and exit with a status that says how the
-//! code ended.
+//! code ended. With `--save DIR`, rich output goes to files (see [`super::save`]).
 
 use std::io::{self, BufRead, IsTerminal, Read};
+use std::path::Path;
 use std::time::Duration;
 
 use clap::Args;
-use pyvisor::ExecutionStatus;
+use pyvisor::{ExecutionResult, ExecutionStatus};
 
 use super::backend::{self, Open};
 use super::drive::{drive, exit_status, report, write_flush, Answer, Console, Format};
-use super::EXIT_USAGE;
+use super::{save, table, EXIT_USAGE};
 
 /// Arguments of `pyvisor exec`.
 #[derive(Debug, Args)]
@@ -35,6 +36,10 @@ pub struct ExecArgs {
     /// Say on stderr whether the daemon or an embedded engine runs the code.
     #[arg(long)]
     verbose: bool,
+    /// Write rich output (PNG, SVG, HTML, JSON displays and the HTML of a final value) to
+    /// files `DIR/<n>-<kind>.<ext>`, listed on stderr, instead of dropping it.
+    #[arg(long, value_name = "DIR")]
+    save: Option<std::path::PathBuf>,
     /// The code to run; `-` or nothing reads it from stdin.
     code: Option<String>,
 }
@@ -65,6 +70,12 @@ pub async fn run(args: ExecArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
+    if let Some(dir) = &args.save {
+        if let Err(err) = save::prepare(dir) {
+            eprintln!("pyvisor: --save {}: {err}", dir.display());
+            return EXIT_USAGE;
+        }
+    }
     let open = Open {
         config: args.config.as_deref(),
         socket: args.socket.as_deref(),
@@ -90,9 +101,13 @@ pub async fn run(args: ExecArgs) -> u8 {
         show_prompts: args.format == Format::Text,
     };
     let status = match drive(&backend, code, timeout, args.format, &mut console).await {
-        Ok(result) => {
+        Ok(mut result) => {
+            let status = exit_status(result.status);
+            if let Some(dir) = &args.save {
+                save_rich(dir, &mut result, args.format);
+            }
             report(&result, args.format);
-            exit_status(result.status)
+            status
         }
         Err(err) => {
             eprintln!("pyvisor: failed to {err}");
@@ -103,6 +118,30 @@ pub async fn run(args: ExecArgs) -> u8 {
         eprintln!("pyvisor: failed to close the session: {err}");
     }
     status
+}
+
+/// Writes the rich output of `result` into `dir` and lists the files on stderr; in text, the
+/// saved displays are then left out of the report, which would only say they were there.
+fn save_rich(dir: &Path, result: &mut ExecutionResult, format: Format) {
+    match save::save(dir, result) {
+        Ok(saved) => {
+            for file in saved {
+                eprintln!(
+                    "pyvisor: saved {} ({}, {})",
+                    file.path.display(),
+                    file.mime,
+                    table::bytes(file.bytes as u64)
+                );
+            }
+            if format == Format::Text {
+                result.display.retain(|display| !save::is_saved(display));
+            }
+        }
+        Err(err) => eprintln!(
+            "pyvisor: failed to save the rich output in {}: {err}",
+            dir.display()
+        ),
+    }
 }
 
 /// Answers `input()` from stdin, when the code did not come from there.

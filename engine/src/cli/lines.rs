@@ -1,7 +1,7 @@
 //! [`Lines`]: the REPL's line editor (rustyline) on a thread of its own, so that the async
 //! REPL loop can wait for a line and for Ctrl-C at once. On a terminal it edits lines and
 //! keeps history; reading from a pipe or file, rustyline reads plain lines and prompts are
-//! not shown.
+//! not shown. Tab completes names from the session ([`super::completer`]).
 
 use std::io::{self, IsTerminal};
 use std::path::PathBuf;
@@ -9,8 +9,13 @@ use std::sync::mpsc;
 use std::thread;
 
 use rustyline::error::ReadlineError;
-use rustyline::{Config, DefaultEditor};
+use rustyline::history::DefaultHistory;
+use rustyline::{CompletionType, Config, Editor};
 use tokio::sync::oneshot;
+
+use super::completer::ReplHelper;
+
+type LineEditor = Editor<ReplHelper, DefaultHistory>;
 
 /// What one read got.
 pub enum Read {
@@ -35,11 +40,16 @@ pub struct Lines {
 }
 
 impl Lines {
-    /// Starts the editor; on a terminal it loads and appends to the history file.
-    pub fn start() -> Result<Lines, ReadlineError> {
+    /// Starts the editor, completing with `helper` on Tab; on a terminal it loads and appends
+    /// to the history file.
+    pub fn start(helper: ReplHelper) -> Result<Lines, ReadlineError> {
         let interactive = io::stdin().is_terminal();
-        let config = Config::builder().auto_add_history(false).build();
-        let mut editor = DefaultEditor::with_config(config)?;
+        let config = Config::builder()
+            .auto_add_history(false)
+            .completion_type(CompletionType::List)
+            .build();
+        let mut editor = LineEditor::with_config(config)?;
+        editor.set_helper(Some(helper));
         let history = interactive.then(history_path).flatten();
         if let Some(path) = &history {
             // A missing or unreadable history only means starting without one.
@@ -87,7 +97,7 @@ impl Lines {
     }
 }
 
-fn read(editor: &mut DefaultEditor, prompt: &str) -> Read {
+fn read(editor: &mut LineEditor, prompt: &str) -> Read {
     match editor.readline(prompt) {
         Ok(line) => Read::Line(line),
         Err(ReadlineError::Interrupted) => Read::Interrupted,
@@ -99,7 +109,7 @@ fn read(editor: &mut DefaultEditor, prompt: &str) -> Read {
     }
 }
 
-fn remember(editor: &mut DefaultEditor, line: &str, history: Option<&PathBuf>) {
+fn remember(editor: &mut LineEditor, line: &str, history: Option<&PathBuf>) {
     if line.trim().is_empty() || editor.add_history_entry(line).is_err() {
         return;
     }

@@ -2,25 +2,35 @@
 
 mod backend;
 mod block;
+mod completer;
 mod config;
 mod daemon;
 mod drive;
 mod exec;
 mod lines;
+mod logs;
 mod memory_eval;
 mod repl;
 mod replay;
+mod save;
 mod serve;
+mod session;
+mod table;
+mod target;
+mod top;
 
 use clap::{Parser, Subcommand};
 
 pub use config::ConfigCommand;
 pub use daemon::DaemonCommand;
 pub use exec::ExecArgs;
+pub use logs::LogsArgs;
 pub use memory_eval::MemoryCommand;
 pub use repl::ReplArgs;
 pub use replay::ReplayArgs;
 pub use serve::ServeArgs;
+pub use session::SessionCommand;
+pub use top::TopArgs;
 
 /// Exit status for usage and configuration errors (README, `pyvisor exec`).
 pub const EXIT_USAGE: u8 = 2;
@@ -51,6 +61,15 @@ enum Command {
         #[command(subcommand)]
         command: DaemonCommand,
     },
+    /// Manage the daemon's sessions: list, info, close, checkpoint, restore, checkpoints.
+    Session {
+        #[command(subcommand)]
+        command: SessionCommand,
+    },
+    /// Print the daemon's log (the last lines; with -f, follow it).
+    Logs(LogsArgs),
+    /// A live view of the daemon: sessions, pool, cache hit rate (q quits).
+    Top(TopArgs),
     /// Replay recorded analysis sessions and report how much was answered from speculation.
     Replay(ReplayArgs),
     /// The memory of outcomes: evaluate its insights on a labelled corpus.
@@ -76,6 +95,9 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Config { command } => config::run(command),
         Command::Serve(args) => serve::run(args).await,
         Command::Daemon { command } => daemon::run(command).await,
+        Command::Session { command } => session::run(command).await,
+        Command::Logs(args) => logs::run(args),
+        Command::Top(args) => top::run(args).await,
         Command::Replay(args) => replay::run(args).await,
         Command::Memory { command } => memory_eval::run(command).await,
     }

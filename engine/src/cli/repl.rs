@@ -2,7 +2,7 @@
 //! (the named one with `--session`), else of an embedded engine. Statements are read as
 //! [`super::block`] decides, run with [`drive`] like `exec` runs code, and their value or
 //! traceback printed as Python's own REPL does. Ctrl-C interrupts running code and clears
-//! the line at the prompt; Ctrl-D at the prompt leaves.
+//! the line at the prompt; Ctrl-D at the prompt leaves; Tab completes names from the session.
 //!
 //! Pasted code (a terminal sends it as one bracketed paste, which the line editor returns as
 //! one multi-line "line" once Enter is pressed) is taken apart line by line as if typed, so
@@ -16,6 +16,7 @@ use pyvisor::ExecutionStatus;
 
 use super::backend::{self, Backend, Open};
 use super::block::{is_complete, starts_next_statement};
+use super::completer::ReplHelper;
 use super::drive::{drive, exit_status, report, write_flush, Answer, Console, Format};
 use super::lines::{Lines, Read};
 use super::EXIT_USAGE;
@@ -61,7 +62,8 @@ pub async fn run(args: ReplArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let lines = match Lines::start() {
+    let helper = ReplHelper::new(backend.completer(), tokio::runtime::Handle::current());
+    let lines = match Lines::start(helper) {
         Ok(lines) => lines,
         Err(err) => {
             eprintln!("pyvisor: failed to start the line editor: {err}");

@@ -105,6 +105,15 @@ impl Dispatcher {
             method::LIST => encode(self.list(&at, decode_or_default(params)?).await?),
             method::CLOSE => encode(self.close(&at, decode(params)?).await?),
             method::HINT => encode(self.hint(&at, decode(params)?).await?),
+            method::COMPLETE => {
+                let params: wire::CompleteParams = decode(params)?;
+                let session = self.session(&at, &params.session_id).await?;
+                let done = session.complete(params.code, params.cursor).await?;
+                encode(wire::Completed {
+                    matches: done.matches,
+                    busy: done.busy,
+                })
+            }
             method::STATS => {
                 no_params(params)?;
                 encode(self.stats().await?)

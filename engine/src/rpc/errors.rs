@@ -108,7 +108,9 @@ fn session_code(err: &SessionError) -> i64 {
     match err {
         SessionError::Busy { .. } | SessionError::QueueFull { .. } => code::SESSION_BUSY,
         SessionError::Closed { .. } => code::UNKNOWN_SESSION,
-        SessionError::NoPendingInput { .. } => code::INVALID_PARAMS,
+        SessionError::NoPendingInput { .. } | SessionError::CursorOutOfRange { .. } => {
+            code::INVALID_PARAMS
+        }
         SessionError::TooLarge { .. } => code::LIMIT_EXCEEDED,
         SessionError::ShuttingDown { .. } => code::SHUTTING_DOWN,
         SessionError::CheckpointsOff { .. } => code::CHECKPOINT_NOT_FOUND,

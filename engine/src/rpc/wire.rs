@@ -356,6 +356,28 @@ pub struct Hinted {
     pub accepted: usize,
 }
 
+/// `session.complete` params: complete the word that ends at character `cursor` of `code`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteParams {
+    pub session_id: String,
+    pub code: String,
+    /// In characters (Unicode code points) of `code`; its end when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<usize>,
+}
+
+/// `session.complete` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Completed {
+    /// Each replaces the word before the cursor (identifier characters and dots); a
+    /// callable ends with `(`.
+    pub matches: Vec<String>,
+    /// Code was running in the session, so nothing was looked up.
+    #[serde(default)]
+    pub busy: bool,
+}
+
 /// `engine.health` result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Health {
@@ -405,6 +427,7 @@ pub mod method {
     pub const LIST: &str = "session.list";
     pub const CLOSE: &str = "session.close";
     pub const HINT: &str = "session.hint";
+    pub const COMPLETE: &str = "session.complete";
     pub const STATS: &str = "engine.stats";
     pub const HEALTH: &str = "engine.health";
 }

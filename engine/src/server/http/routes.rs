@@ -24,13 +24,14 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/sessions", web::get().to(list))
             .route("/sessions/{id}", web::get().to(info))
             .route("/sessions/{id}", web::delete().to(close))
-            .route("/sessions/{id}/execute", web::post().to(execute))
-            .route("/sessions/{id}/input", web::post().to(input))
-            .route("/sessions/{id}/interrupt", web::post().to(interrupt))
-            .route("/sessions/{id}/checkpoint", web::post().to(checkpoint))
-            .route("/sessions/{id}/restore", web::post().to(restore))
+            .route("/sessions/{id}/execute", post_method(method::EXECUTE))
+            .route("/sessions/{id}/input", post_method(method::INPUT))
+            .route("/sessions/{id}/interrupt", post_method(method::INTERRUPT))
+            .route("/sessions/{id}/checkpoint", post_method(method::CHECKPOINT))
+            .route("/sessions/{id}/restore", post_method(method::RESTORE))
             .route("/sessions/{id}/checkpoints", web::get().to(checkpoints))
-            .route("/sessions/{id}/hint", web::post().to(hint))
+            .route("/sessions/{id}/hint", post_method(method::HINT))
+            .route("/sessions/{id}/complete", post_method(method::COMPLETE))
             .route("/sessions/{id}/ws", web::get().to(ws::connect))
             .configure(super::memory::configure)
             .route("/stats", web::get().to(stats))
@@ -97,66 +98,6 @@ async fn close(
     respond(call(&state, &caller, method::CLOSE, params).await)
 }
 
-/// `POST /v1/sessions/{id}/execute`: the result, whatever the code's status.
-async fn execute(
-    state: web::Data<State>,
-    caller: Caller,
-    id: web::Path<String>,
-    body: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    with_body(&state, &caller, method::EXECUTE, id, body).await
-}
-
-/// `POST /v1/sessions/{id}/input` with `{execution_id, value}`.
-async fn input(
-    state: web::Data<State>,
-    caller: Caller,
-    id: web::Path<String>,
-    body: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    with_body(&state, &caller, method::INPUT, id, body).await
-}
-
-/// `POST /v1/sessions/{id}/interrupt`.
-async fn interrupt(
-    state: web::Data<State>,
-    caller: Caller,
-    id: web::Path<String>,
-    body: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    with_body(&state, &caller, method::INTERRUPT, id, body).await
-}
-
-/// `POST /v1/sessions/{id}/checkpoint`.
-async fn checkpoint(
-    state: web::Data<State>,
-    caller: Caller,
-    id: web::Path<String>,
-    body: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    with_body(&state, &caller, method::CHECKPOINT, id, body).await
-}
-
-/// `POST /v1/sessions/{id}/restore` with `{checkpoint_id?}`.
-async fn restore(
-    state: web::Data<State>,
-    caller: Caller,
-    id: web::Path<String>,
-    body: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    with_body(&state, &caller, method::RESTORE, id, body).await
-}
-
-/// `POST /v1/sessions/{id}/hint` with `{code: [..]}`.
-async fn hint(
-    state: web::Data<State>,
-    caller: Caller,
-    id: web::Path<String>,
-    body: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    with_body(&state, &caller, method::HINT, id, body).await
-}
-
 /// `GET /v1/sessions/{id}/checkpoints`: newest first.
 async fn checkpoints(
     state: web::Data<State>,
@@ -174,6 +115,21 @@ async fn stats(state: web::Data<State>, caller: Caller) -> Result<HttpResponse, 
 /// `GET /v1/health`: `engine.health`.
 async fn health(state: web::Data<State>, caller: Caller) -> Result<HttpResponse, ApiError> {
     respond(call(&state, &caller, method::HEALTH, Value::Null).await)
+}
+
+/// `POST /v1/sessions/{id}/<name>`: the JSON-RPC `method` of that name with the body as its
+/// params (`execute` answers 200 with the result, whatever the code's status; `input` takes
+/// `{execution_id, value}`, `restore` `{checkpoint_id?}`, `hint` `{code: [..]}`, `complete`
+/// `{code, cursor?}`).
+fn post_method(method: &'static str) -> actix_web::Route {
+    web::post().to(
+        move |state: web::Data<State>,
+              caller: Caller,
+              id: web::Path<String>,
+              body: web::Payload| async move {
+            with_body(&state, &caller, method, id, body).await
+        },
+    )
 }
 
 /// Runs `method` of session `id` with the body's params.
