@@ -7,6 +7,7 @@ mod daemon;
 mod drive;
 mod exec;
 mod lines;
+mod loadtest;
 mod memory_eval;
 mod repl;
 mod replay;
@@ -17,6 +18,7 @@ use clap::{Parser, Subcommand};
 pub use config::ConfigCommand;
 pub use daemon::DaemonCommand;
 pub use exec::ExecArgs;
+pub use loadtest::LoadtestArgs;
 pub use memory_eval::MemoryCommand;
 pub use repl::ReplArgs;
 pub use replay::ReplayArgs;
@@ -53,6 +55,8 @@ enum Command {
     },
     /// Replay recorded analysis sessions and report how much was answered from speculation.
     Replay(ReplayArgs),
+    /// Drive an engine with a load-test scenario, with faults, and report.
+    Loadtest(LoadtestArgs),
     /// The memory of outcomes: evaluate its insights on a labelled corpus.
     Memory {
         #[command(subcommand)]
@@ -77,6 +81,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Serve(args) => serve::run(args).await,
         Command::Daemon { command } => daemon::run(command).await,
         Command::Replay(args) => replay::run(args).await,
+        Command::Loadtest(args) => loadtest::run(args).await,
         Command::Memory { command } => memory_eval::run(command).await,
     }
 }
