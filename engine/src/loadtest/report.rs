@@ -55,10 +55,7 @@ impl Recorder {
     /// An operation took `took` and came to `outcome`.
     pub fn op(&self, name: &'static str, took: Duration, outcome: &OpOutcome) {
         self.with(|r| {
-            r.latencies
-                .entry(name)
-                .or_default()
-                .push(took.as_secs_f64() * 1000.0);
+            r.took(name, took);
             if let Some(kind) = &outcome.error {
                 r.fail(name, kind);
             }
@@ -71,10 +68,7 @@ impl Recorder {
     /// A counter check took `took` and found `verdict`.
     pub fn check(&self, took: Duration, verdict: Verdict) {
         self.with(|r| {
-            r.latencies
-                .entry(COUNTER)
-                .or_default()
-                .push(took.as_secs_f64() * 1000.0);
+            r.took(COUNTER, took);
             if let Some(kind) = &verdict.error {
                 r.fail(COUNTER, kind);
             }
@@ -158,6 +152,11 @@ impl Recorder {
 }
 
 impl Recorded {
+    fn took(&mut self, name: &'static str, took: Duration) {
+        let ms = took.as_secs_f64() * 1000.0;
+        self.latencies.entry(name).or_default().push(ms);
+    }
+
     fn fail(&mut self, name: &'static str, kind: &str) {
         *self.failures.entry(name).or_default() += 1;
         *self.errors.entry(format!("{name}: {kind}")).or_default() += 1;
