@@ -483,15 +483,11 @@ impl SessionActor {
             return self.finish(status, result, error, ctx);
         }
         // A worker that dies meanwhile ends the execution `crashed` before this runs.
-        ctx.spawn(
-            async move { written.await }
-                .into_actor(self)
-                .map(move |_, act, ctx| {
-                    if act.running_id() == Some(&execution_id) {
-                        act.finish(status, result, error, ctx);
-                    }
-                }),
-        );
+        ctx.spawn(written.into_actor(self).map(move |_, act, ctx| {
+            if act.running_id() == Some(&execution_id) {
+                act.finish(status, result, error, ctx);
+            }
+        }));
     }
 
     /// An execution ended; `changed` says whether it may have changed the namespace.

@@ -373,10 +373,16 @@ pub fn compare(base: &Value, new: &Value) -> Vec<Compared> {
             continue;
         };
         let higher_is_better = figure.contains("throughput") || figure.contains("hit_rate");
-        let worse_by = match (base, new) {
-            (b, _) if b == 0.0 => None,
-            (b, n) if higher_is_better => Some(if n == 0.0 { f64::INFINITY } else { b / n }),
-            (b, n) => Some(n / b),
+        let worse_by = if base == 0.0 {
+            None
+        } else if higher_is_better {
+            Some(if new == 0.0 {
+                f64::INFINITY
+            } else {
+                base / new
+            })
+        } else {
+            Some(new / base)
         };
         compared.push(Compared {
             figure,

@@ -49,7 +49,7 @@ pub struct Totals {
 impl Target {
     /// Opens the target of `spec` (or wraps `engine`, the caller's own) and checks it answers.
     pub async fn open(spec: &TargetSpec, engine: Option<Engine>) -> Result<Target, LoadtestError> {
-        let unreachable = |what: String| LoadtestError::Target(what);
+        let unreachable = LoadtestError::Target;
         let target = match (spec, engine) {
             (_, Some(engine)) => Target::Embedded {
                 engine,
@@ -395,12 +395,10 @@ fn configured_socket() -> Result<PathBuf, String> {
     Ok(loaded.settings.socket_path())
 }
 
-/// A short kind for an error, as the report counts them: the JSON-RPC code's name when there
-/// is one, else the first words of the message.
+/// A short kind for an error, as the report counts them: the first 80 characters of its
+/// message.
 fn kind(err: impl std::fmt::Display) -> String {
-    let text = err.to_string();
-    let short: String = text.chars().take(80).collect();
-    short
+    err.to_string().chars().take(80).collect()
 }
 
 /// A minimal HTTP/1.1 client for the daemon's JSON API on a loopback address.
