@@ -253,6 +253,13 @@ async fn with_reply_durability_a_crash_right_after_a_result_loses_nothing_it_rep
         assert!(session.info().await.unwrap().durability.saved);
         let pid = session.info().await.unwrap().pid.unwrap();
         kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+        // kill(2) returns before the process is gone; code sent before then dies with it.
+        within(async {
+            while pyvisor_tests::process_running(pid) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
         let next = run(&session, "x").await;
         assert_eq!(next.status, ExecutionStatus::Ok, "{next:?}");
         assert_eq!(next.result.unwrap().repr, value.to_string());
