@@ -57,6 +57,12 @@ pub(crate) struct Running {
     pub served_by: Option<&'static str>,
     /// What the memory found in the code before it ran.
     pub insights: Vec<Insight>,
+    /// The worker was found dead before the code was sent to it: the code never ran, and
+    /// goes back to the queue for the next worker when the death is noticed.
+    pub unsent: bool,
+    /// The code has ended and its result waits for the checkpoint of what it changed
+    /// (`durability = "reply"`): there is nothing left to interrupt or time out.
+    pub saving: bool,
 }
 
 impl Running {
@@ -78,6 +84,18 @@ impl Running {
             path: ServePath::Real,
             served_by: None,
             insights: Vec::new(),
+            unsent: false,
+            saving: false,
+        }
+    }
+
+    /// The execution as it was queued, to run on another worker; its timer is the caller's
+    /// to cancel.
+    pub fn into_queued(self) -> Queued {
+        Queued {
+            ticket: self.ticket,
+            request: self.request,
+            events: self.events,
         }
     }
 

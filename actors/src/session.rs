@@ -57,7 +57,7 @@ pub use proactive::ProactiveSetup;
 pub(crate) use serving::ServePath;
 pub use speculation::{PlannedSnippet, Speculate};
 use state::Durability;
-pub use state::{AutoCheckpoint, Inspection, StateSetup};
+pub use state::{AutoCheckpoint, DurabilityMode, Inspection, StateSetup};
 
 /// Most executions waiting behind the running one.
 pub const MAX_QUEUED_EXECUTIONS: usize = 1024;
@@ -341,7 +341,7 @@ impl SessionActor {
         let State::Busy(running) = &mut self.state else {
             return false;
         };
-        if running.interrupt.is_some() {
+        if running.interrupt.is_some() || running.saving {
             return true;
         }
         running.interrupt = Some(cause);
@@ -492,7 +492,11 @@ impl SessionActor {
         if let Some(state) = &self.setup.state {
             if !(state.named() && self.keep_state) {
                 let (store, key) = (state.store.clone(), state.key.clone());
+                let gate = self.durability.store_gate.clone();
                 drop(tokio::task::spawn_blocking(move || {
+                    // After a checkpoint being stored now, and before any stored later.
+                    let mut removed = gate.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    *removed = true;
                     if let Err(err) = store.remove_session(&key) {
                         tracing::warn!(session = %key, error = %err, "checkpoints not removed");
                     }

@@ -20,6 +20,7 @@ pub mod client;
 pub mod config;
 mod engine;
 pub mod errors;
+pub mod loadtest;
 mod memory;
 pub mod rpc;
 mod scratch;
@@ -41,8 +42,8 @@ pub use pyvisor_actors::metrics::describe as describe_metrics;
 pub use pyvisor_actors::pool::{PoolConfig, PoolStats};
 pub use pyvisor_actors::proactive::stats::ProactiveStats;
 pub use pyvisor_actors::session::{
-    AutoCheckpoint, CheckpointSummary, Completion, DurabilityReport, Inspection, RestoreSummary,
-    SessionPhase, SessionSnapshot,
+    AutoCheckpoint, CheckpointSummary, Completion, DurabilityMode, DurabilityReport, Inspection,
+    RestoreSummary, SessionPhase, SessionSnapshot,
 };
 pub use pyvisor_actors::supervisor::{Interpreter, Quotas, SessionOptions};
 pub use pyvisor_actors::{

@@ -241,6 +241,54 @@ async fn streamed_notifications_arrive_in_order_before_the_response() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_echo_false_sends_each_output_byte_once() {
+    let daemon = Daemon::start().await;
+    let mut conn = daemon.connect().await;
+    let session = create(&mut conn, json!({})).await;
+    let code = "import sys\nprint('out ' * 1000, flush=True)\nprint('err', file=sys.stderr)\n7";
+    let (notes, response) = conn
+        .request(
+            "session.execute",
+            json!({"session_id": session, "code": code, "stream": true, "stream_echo": false}),
+        )
+        .await;
+    let result = &response["result"];
+    assert_eq!(result["status"], "ok", "{response}");
+    assert_eq!(result["result"]["repr"], "7");
+    assert_eq!(result["stdout"], "", "the streamed stdout is not repeated");
+    assert_eq!(result["stderr"], "");
+    let streamed: String = notes
+        .iter()
+        .filter(|note| note["params"]["stream"] == "stdout")
+        .map(|note| note["params"]["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, format!("{}\n", "out ".repeat(1000)));
+    // Without stream the flag changes nothing: the result is the only copy.
+    let plain = conn
+        .call(
+            "session.execute",
+            json!({"session_id": session, "code": "print('once')", "stream_echo": false}),
+        )
+        .await;
+    assert_eq!(plain["stdout"], "once\n");
+    // A flag that is not a boolean is an invalid param naming the field.
+    let (_, bad) = conn
+        .request(
+            "session.execute",
+            json!({"session_id": session, "code": "1", "stream": true, "stream_echo": "no"}),
+        )
+        .await;
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    assert!(
+        bad["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stream_echo"),
+        "{bad}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn input_is_answered_through_session_input() {
     let daemon = Daemon::start().await;
     let mut conn = daemon.connect().await;

@@ -428,3 +428,64 @@ async fn traceback_cells_are_numbered_by_the_execution_count_after_a_crash() {
         "{traceback}"
     );
 }
+
+/// Every file or directory under `dir` whose name mentions `needle`.
+fn mentioning(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_name().to_string_lossy().contains(needle) {
+            found.push(path.clone());
+        }
+        if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            found.extend(mentioning(&path, needle));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_session_closed_while_a_checkpoint_is_written_leaves_nothing_on_disk() {
+    let (dir, engine, _) = session_with(StateConfig {
+        auto: pyvisor::AutoCheckpoint {
+            after_changes: 1,
+            min_interval: Duration::ZERO,
+            ..Default::default()
+        },
+        ..StateConfig::default()
+    })
+    .await;
+    let mut closed = Vec::new();
+    for round in 0..4 {
+        let session = engine.create_session(Default::default()).await.unwrap();
+        // Tens of megabytes: the automatic checkpoint is still being written at the close.
+        ok(
+            &session,
+            &format!("blob = bytes(range(256)) * {}", 100_000 + round),
+        )
+        .await;
+        if round % 2 == 1 {
+            // An explicit checkpoint in flight as well.
+            let racing = engine.session(session.id(), None).await.unwrap();
+            drop(tokio::spawn(async move { racing.checkpoint().await }));
+        }
+        closed.push(session.id().to_owned());
+        within(session.close()).await.unwrap();
+    }
+    // The removal runs after the close returns, and after any store in flight: poll until
+    // nothing names the sessions, neither their checkpoints nor scratch files.
+    within(async {
+        while closed
+            .iter()
+            .any(|id| !mentioning(dir.path(), id).is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The engine still checkpoints its other sessions, where the search above would see them.
+    let session = engine.create_session(Default::default()).await.unwrap();
+    ok(&session, "kept = 1").await;
+    within(session.checkpoint()).await.unwrap();
+    assert!(!mentioning(dir.path(), session.id()).is_empty());
+}

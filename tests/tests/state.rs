@@ -7,8 +7,8 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pyvisor::{
-    AutoCheckpoint, Engine, EngineConfig, ExecuteRequest, ExecutionStatus, SessionOptions,
-    StateConfig,
+    AutoCheckpoint, DurabilityMode, Engine, EngineConfig, ExecuteRequest, ExecutionStatus,
+    SessionOptions, StateConfig,
 };
 use pyvisor_tests::{engine_with, manual_checkpoints, run, state_dir, within};
 
@@ -143,6 +143,37 @@ async fn a_killed_worker_comes_back_from_the_last_checkpoint_and_says_what_was_l
 }
 
 #[tokio::test]
+async fn code_sent_after_a_kill_the_session_has_not_noticed_runs_on_the_restored_worker() {
+    let engine = engine_in(&state_dir()).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(&session, "n = 0").await;
+    // Whether the engine notices each death before the code arrives is a race; every round
+    // must come back `ok` either way, and some rounds land before it notices.
+    for round in 1..=4u64 {
+        run(&session, "n += 1").await;
+        let saved = within(session.checkpoint()).await.unwrap();
+        let pid = session.info().await.unwrap().pid.unwrap();
+        kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+        within(async {
+            while pyvisor_tests::process_running(pid) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        let next = run(&session, "n").await;
+        assert_eq!(next.status, ExecutionStatus::Ok, "round {round}: {next:?}");
+        assert_eq!(next.result.unwrap().repr, round.to_string());
+        let recovered = next
+            .recovered
+            .expect("the result says the session recovered");
+        assert_eq!(recovered.checkpoint_id, Some(saved.checkpoint_id));
+        assert_eq!(recovered.lost_executions, 0);
+        assert!(!recovered.fresh_namespace);
+    }
+    assert_eq!(session.info().await.unwrap().restarts, 4);
+}
+
+#[tokio::test]
 async fn the_crashed_execution_itself_reports_the_recovery() {
     let engine = engine_in(&state_dir()).await;
     let session = engine.create_session(Default::default()).await.unwrap();
@@ -170,6 +201,7 @@ async fn automatic_checkpoints_follow_executions_that_change_the_namespace() {
             auto: AutoCheckpoint {
                 after_changes: 1,
                 min_interval: Duration::ZERO,
+                ..AutoCheckpoint::default()
             },
             ..StateConfig::default()
         },
@@ -196,6 +228,57 @@ async fn automatic_checkpoints_follow_executions_that_change_the_namespace() {
     )
     .await;
     assert_eq!(repr(&session, "x").await, "1");
+}
+
+#[tokio::test]
+async fn with_reply_durability_a_crash_right_after_a_result_loses_nothing_it_reported() {
+    let engine = engine_with(EngineConfig {
+        state: StateConfig {
+            auto: AutoCheckpoint {
+                // The debounce of the automatic policy must not delay a durable reply.
+                min_interval: Duration::from_secs(3600),
+                durability: DurabilityMode::Reply,
+                ..AutoCheckpoint::default()
+            },
+            ..StateConfig::default()
+        },
+        ..EngineConfig::default()
+    })
+    .await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    for value in 1..=3 {
+        let result = run(&session, &format!("x = {value}")).await;
+        assert_eq!(result.status, ExecutionStatus::Ok, "{result:?}");
+        assert!(result.warnings.is_empty(), "{result:?}");
+        assert!(session.info().await.unwrap().durability.saved);
+        let pid = session.info().await.unwrap().pid.unwrap();
+        kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+        // kill(2) returns before the process is gone; code sent before then dies with it.
+        within(async {
+            while pyvisor_tests::process_running(pid) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        let next = run(&session, "x").await;
+        assert_eq!(next.status, ExecutionStatus::Ok, "{next:?}");
+        assert_eq!(next.result.unwrap().repr, value.to_string());
+        let recovered = next.recovered.expect("the session recovered");
+        assert_eq!(recovered.lost_executions, 0, "{recovered:?}");
+    }
+    // Code that changes nothing is answered without a checkpoint.
+    let before = session.checkpoints().await.unwrap().len();
+    run(&session, "x + 1").await;
+    assert_eq!(session.checkpoints().await.unwrap().len(), before);
+    // A failing execution that changed the namespace is saved before its error is sent.
+    let failed = run(&session, "y = 5\nraise ValueError('after y')").await;
+    assert_eq!(failed.status, ExecutionStatus::Error);
+    assert_eq!(session.checkpoints().await.unwrap().len(), before + 1);
+    // A timeout shorter than the checkpoint does not cut the saving of a finished cell.
+    let mut request = ExecuteRequest::new("big = bytearray(50_000_000)");
+    request.timeout = Some(Duration::from_millis(300));
+    let result = within(session.run(request)).await.unwrap();
+    assert_eq!(result.status, ExecutionStatus::Ok, "{result:?}");
 }
 
 /// The checkpoint files of the store under `dir`, newest (highest sequence) last.

@@ -20,6 +20,7 @@ use super::{host_error, SessionActor, State};
 use crate::execution::{DisplayData, ExecutionEvent, ExecutionStatus, OutputStream};
 use crate::proactive::cache::{CacheEntry, Take};
 use crate::proactive::predict::normalise;
+use crate::worker::is_running;
 
 /// How the running execution gets its answer.
 #[derive(Debug, Default)]
@@ -104,6 +105,12 @@ impl SessionActor {
             }
         }
         let sent = match &self.worker {
+            // Killed before the session noticed: its exit is on the way, and the code goes
+            // to the next worker then instead of dying with this one.
+            Some(worker) if !is_running(worker.pid()) => {
+                running.unsent = true;
+                return;
+            }
             Some(worker) => worker.writer.send(&frame).map_err(|err| err.to_string()),
             None => Err("the session has no worker".to_owned()),
         };

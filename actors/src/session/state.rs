@@ -28,7 +28,7 @@ use crate::checkpoint::{
     CheckpointError, CheckpointMeta, CheckpointStore, GroupSource, NewCheckpoint, NewGroup,
 };
 use crate::errors::SessionError;
-use crate::execution::Recovered;
+use crate::execution::{ErrorInfo, ExecutionStatus, Recovered, ResultValue};
 use crate::metrics;
 
 mod restoring;
@@ -96,6 +96,8 @@ pub struct AutoCheckpoint {
     pub after_changes: u32,
     /// At most one automatic checkpoint per interval; later changes wait for the next.
     pub min_interval: Duration,
+    /// When the result of an execution that changed the namespace is sent.
+    pub durability: DurabilityMode,
 }
 
 impl Default for AutoCheckpoint {
@@ -103,8 +105,21 @@ impl Default for AutoCheckpoint {
         Self {
             after_changes: 1,
             min_interval: Duration::from_secs(1),
+            durability: DurabilityMode::Debounced,
         }
     }
+}
+
+/// What a successful result promises about the state it produced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DurabilityMode {
+    /// The result is sent at once and the automatic policy checkpoints afterwards: a crash
+    /// before that checkpoint loses the executions since the previous one.
+    #[default]
+    Debounced,
+    /// An execution that may have changed the namespace is checkpointed before its result
+    /// is sent: a crash after a result loses nothing it reported.
+    Reply,
 }
 
 /// What the worker said about its namespace.
@@ -177,6 +192,10 @@ pub(super) struct Durability {
     pub crash_cause: Option<String>,
     /// The next worker restores the latest checkpoint before it runs anything.
     pub restore_next_worker: bool,
+    /// Held while a checkpoint is taken into the store and while a closed session's
+    /// checkpoints are removed; true once they are, after which nothing more is stored, so
+    /// that a close racing a checkpoint leaves no file of the session behind.
+    pub store_gate: Arc<std::sync::Mutex<bool>>,
 }
 
 impl Durability {
@@ -348,7 +367,13 @@ impl SessionActor {
                 .collect(),
         };
         let (saved, lost) = (report.saved, report.lost);
+        let gate = self.durability.store_gate.clone();
         let stored = tokio::task::spawn_blocking(move || {
+            let removed = gate.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if *removed {
+                let _ = std::fs::remove_dir_all(&dir);
+                return None;
+            }
             let stored = store_checkpoint(
                 &store,
                 &key,
@@ -359,11 +384,20 @@ impl SessionActor {
                 max_bytes,
             );
             let _ = std::fs::remove_dir_all(&dir);
-            stored
+            Some(stored)
         });
         ctx.spawn(stored.into_actor(self).map(move |stored, act, ctx| {
             let outcome = match stored {
-                Ok(Ok(info)) => {
+                // The session closed and its checkpoints are gone: nothing to report.
+                Ok(None) => {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Err(SessionError::Closed {
+                            session_id: act.session_id.clone(),
+                        }));
+                    }
+                    return;
+                }
+                Ok(Some(Ok(info))) => {
                     let elapsed = started.elapsed();
                     let written = info.written_bytes.unwrap_or(info.file_bytes);
                     metrics::checkpoint_written(elapsed, written);
@@ -383,7 +417,7 @@ impl SessionActor {
                         duration_ms: elapsed.as_secs_f64() * 1000.0,
                     })
                 }
-                Ok(Err(err)) => Err(act.store_error(err)),
+                Ok(Some(Err(err))) => Err(act.store_error(err)),
                 Err(join) => Err(SessionError::WorkerState {
                     session_id: act.session_id.clone(),
                     reason: format!("storing the checkpoint panicked: {join}"),
@@ -420,6 +454,40 @@ impl SessionActor {
         if let Some(Pending::Inspect { reply }) = self.durability.pending.remove(id) {
             let _ = reply.send(inspection);
         }
+    }
+
+    /// Whether results of executions that changed the namespace wait for its checkpoint.
+    pub(super) fn checkpoints_before_reply(&self) -> bool {
+        (self.setup.state.as_ref()).is_some_and(|s| s.policy.durability == DurabilityMode::Reply)
+    }
+
+    /// The running execution ended having changed the namespace: checkpoint it, then send
+    /// the result, which says so in `warnings` if the checkpoint failed.
+    pub(super) fn finish_after_checkpoint(
+        &mut self,
+        status: ExecutionStatus,
+        result: Option<ResultValue>,
+        error: Option<ErrorInfo>,
+        ctx: &mut Context<Self>,
+    ) {
+        let State::Busy(running) = &mut self.state else {
+            return;
+        };
+        // The code is done: a slow checkpoint is no timeout of it.
+        ctx.cancel_future(running.timer);
+        running.saving = true;
+        let execution_id = running.ticket.execution_id.clone();
+        let (reply, written) = oneshot::channel();
+        if let Err(err) = self.start_checkpoint(Some(reply), ctx) {
+            self.durability.checkpoint_failed(checkpoint_failure(&err));
+            return self.finish(status, result, error, ctx);
+        }
+        // A worker that dies meanwhile ends the execution `crashed` before this runs.
+        ctx.spawn(written.into_actor(self).map(move |_, act, ctx| {
+            if act.running_id() == Some(&execution_id) {
+                act.finish(status, result, error, ctx);
+            }
+        }));
     }
 
     /// An execution ended; `changed` says whether it may have changed the namespace.

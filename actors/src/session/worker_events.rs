@@ -104,6 +104,9 @@ impl SessionActor {
                 if let Some(proactive) = &mut self.proactive {
                     proactive.await_facts(id, rolled_back);
                 }
+                if changed && self.checkpoints_before_reply() {
+                    return self.finish_after_checkpoint(status, result, error, ctx);
+                }
                 self.finish(status, result, error, ctx);
                 self.count_change(changed, ctx);
             }
@@ -174,6 +177,13 @@ impl SessionActor {
         self.events.publish(SessionEvent::Restored {
             session_id: self.session_id.as_str().into(),
         });
+        if matches!(&self.state, State::Busy(running) if running.unsent && running.interrupt.is_none())
+        {
+            if let State::Busy(running) = std::mem::replace(&mut self.state, State::Restarting) {
+                ctx.cancel_future(running.timer);
+                self.queue.push_front(running.into_queued());
+            }
+        }
         let recovered = self.forget_worker_requests(true);
         let comeback = match recovered
             .as_ref()

@@ -8,6 +8,7 @@ mod daemon;
 mod drive;
 mod exec;
 mod lines;
+mod loadtest;
 mod logs;
 mod memory_eval;
 mod repl;
@@ -24,6 +25,7 @@ use clap::{Parser, Subcommand};
 pub use config::ConfigCommand;
 pub use daemon::DaemonCommand;
 pub use exec::ExecArgs;
+pub use loadtest::LoadtestArgs;
 pub use logs::LogsArgs;
 pub use memory_eval::MemoryCommand;
 pub use repl::ReplArgs;
@@ -72,6 +74,8 @@ enum Command {
     Top(TopArgs),
     /// Replay recorded analysis sessions and report how much was answered from speculation.
     Replay(ReplayArgs),
+    /// Drive an engine with a load-test scenario, with faults, and report.
+    Loadtest(LoadtestArgs),
     /// The memory of outcomes: evaluate its insights on a labelled corpus.
     Memory {
         #[command(subcommand)]
@@ -99,6 +103,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Logs(args) => logs::run(args),
         Command::Top(args) => top::run(args).await,
         Command::Replay(args) => replay::run(args).await,
+        Command::Loadtest(args) => loadtest::run(args).await,
         Command::Memory { command } => memory_eval::run(command).await,
     }
 }

@@ -19,7 +19,7 @@ use pyvisor_actors::checkpoint::{
     DEFAULT_RETENTION, DEFAULT_SESSION_DISK_BYTES, DEFAULT_TOTAL_DISK_BYTES,
 };
 use pyvisor_actors::pool::PoolConfig;
-use pyvisor_actors::session::AutoCheckpoint;
+use pyvisor_actors::session::{AutoCheckpoint, DurabilityMode};
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
@@ -152,6 +152,28 @@ pub struct StateSettings {
     pub auto_after_changes: u32,
     /// At most one automatic checkpoint per this many seconds.
     pub auto_min_interval_s: f64,
+    /// When a result that changed the namespace is sent: at once, checkpointed by the
+    /// automatic policy afterwards (`debounced`), or after its checkpoint (`reply`).
+    pub durability: Durability,
+}
+
+/// `state.durability`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    #[default]
+    Debounced,
+    Reply,
+}
+
+impl Durability {
+    /// The engine's mode for this setting.
+    pub fn mode(self) -> DurabilityMode {
+        match self {
+            Durability::Debounced => DurabilityMode::Debounced,
+            Durability::Reply => DurabilityMode::Reply,
+        }
+    }
 }
 
 impl Default for StateSettings {
@@ -166,6 +188,7 @@ impl Default for StateSettings {
             total_disk_mb: DEFAULT_TOTAL_DISK_BYTES >> 20,
             auto_after_changes: auto.after_changes,
             auto_min_interval_s: auto.min_interval.as_secs_f64(),
+            durability: Durability::Debounced,
         }
     }
 }

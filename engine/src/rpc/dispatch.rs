@@ -247,6 +247,7 @@ impl Dispatcher {
             self.forget_if_closed(&err);
             RpcError::from(err)
         })?;
+        let echo = params.stream_echo.unwrap_or(true);
         let session_id = session.id().to_owned();
         let execution_id = execution.id().to_owned();
         while let Some(event) = execution.next().await {
@@ -283,7 +284,14 @@ impl Dispatcher {
                     };
                     out.notify(notification::DISPLAY, &note).await;
                 }
-                ExecutionEvent::Finished(result) => return Ok(*result),
+                ExecutionEvent::Finished(mut result) => {
+                    if !echo {
+                        // The caller has every byte from the notifications already.
+                        result.stdout.clear();
+                        result.stderr.clear();
+                    }
+                    return Ok(*result);
+                }
             }
         }
         Err(EngineError::Stopped.into())

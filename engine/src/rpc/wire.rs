@@ -86,6 +86,10 @@ pub struct ExecuteParams {
     /// before the response, and forward `input()` to the client.
     #[serde(default)]
     pub stream: bool,
+    /// With `stream`, whether the result repeats the streamed stdout and stderr (default);
+    /// `false` leaves them empty in the result, so each byte crosses the wire once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_echo: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transaction: Option<Transaction>,
     /// Wait behind a running execution (default) or fail with "session busy".
@@ -107,6 +111,7 @@ impl ExecuteParams {
             code: code.into(),
             timeout_s: None,
             stream: false,
+            stream_echo: None,
             transaction: None,
             queue: None,
             cache: None,

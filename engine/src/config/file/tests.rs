@@ -335,6 +335,10 @@ fn type_errors_in_file_name_file_and_key() {
             "[state]\nauto_after_changes = 5000000000\n",
             "state.auto_after_changes: invalid value",
         ),
+        (
+            "[state]\ndurability = \"always\"\n",
+            "state.durability: unknown variant `always`, expected `debounced` or `reply`",
+        ),
         ("pool = 3\n", "pool: expected a table [pool], got integer"),
     ];
     for (text, expected) in cases {
@@ -471,6 +475,7 @@ fn resolved_helpers_map_the_values() {
         [state]
         dir = "/var/lib/pyvisor"
         auto_after_changes = 0
+        durability = "reply"
         "#,
     );
     let settings = machine.load(None).unwrap().settings;
@@ -496,6 +501,7 @@ fn resolved_helpers_map_the_values() {
     assert_eq!(engine.handshake_timeout, Duration::from_millis(2500));
     assert_eq!(engine.state.dir, Some(PathBuf::from("/var/lib/pyvisor")));
     assert_eq!(engine.state.auto.after_changes, 0);
+    assert_eq!(engine.state.auto.durability, DurabilityMode::Reply);
     assert_eq!(engine.limits, limits);
 }
 

@@ -1,0 +1,186 @@
+//! The lost-state detector. Every client keeps a counter (`__lt_n`) in its session and,
+//! after every operation, increments it and reads it back with a tag printed beside it. The
+//! value must be the one the client last saw plus one; stdout must be exactly the tag.
+//!
+//! - A value lower than expected is state that went back. Under `debounced` durability that
+//!   is allowed when the engine said so: a result since the last check carried `recovered`
+//!   with at least that many `lost_executions`. Under `reply` durability nothing is allowed.
+//!   Anything beyond is a [`LostState`], with the session, the fault that preceded it and the
+//!   checkpoint the session came back from.
+//! - A value higher than expected, or stdout other than the tag (output of another session),
+//!   is a wrong answer.
+//! - After a check that did not come back `ok` (the worker died under it), the increment may
+//!   or may not have been kept: the next check accepts either.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::faults::FaultLog;
+use super::ops::status_kind;
+use super::scenario::Durability;
+use super::target::Target;
+use crate::{ExecutionStatus, Recovered};
+
+/// State lost beyond what the durability mode allows.
+#[derive(Debug, Clone, Serialize)]
+pub struct LostState {
+    pub session: String,
+    /// Seconds since the start of the run.
+    pub at_s: f64,
+    /// The counter the client expected before its increment, and what the session had.
+    pub expected: u64,
+    pub found: u64,
+    /// Executions the engine said it lost since the previous check.
+    pub reported_lost: u64,
+    /// The last fault before the loss was seen (`kind at t s`), if any.
+    pub after_fault: Option<String>,
+    /// The checkpoint the session came back from, if it said.
+    pub checkpoint: Option<String>,
+}
+
+/// What one check found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub lost: Option<LostState>,
+    pub wrong: Option<String>,
+    pub error: Option<String>,
+}
+
+/// One client's counter.
+pub struct Counter {
+    durability: Durability,
+    /// The value the session holds, as far as the client knows.
+    expected: u64,
+    /// The last check did not finish: the session may hold `expected + 1`.
+    uncertain: bool,
+    /// Executions the engine reported lost since the last check.
+    reported_lost: u64,
+    checkpoint: Option<String>,
+}
+
+impl Counter {
+    pub fn new(durability: Durability) -> Self {
+        Self {
+            durability,
+            expected: 0,
+            uncertain: false,
+            reported_lost: 0,
+            checkpoint: None,
+        }
+    }
+
+    /// Sets the counter up in a new session.
+    pub async fn init(target: &Target, session: &str, timeout: Duration) -> Result<(), String> {
+        let result = target.execute(session, "__lt_n = 0", timeout).await?;
+        match result.status {
+            ExecutionStatus::Ok => Ok(()),
+            _ => Err(status_kind(&result)),
+        }
+    }
+
+    /// Notes what an operation's result said the session recovered from.
+    pub fn note(&mut self, recovered: Option<&Recovered>) {
+        if let Some(recovered) = recovered {
+            self.reported_lost += recovered.lost_executions;
+            if recovered.checkpoint_id.is_some() || recovered.fresh_namespace {
+                self.checkpoint = recovered.checkpoint_id.clone();
+            }
+        }
+    }
+
+    /// Increments and reads back the counter of `session`.
+    pub async fn check(
+        &mut self,
+        target: &Target,
+        session: &str,
+        tag: &str,
+        timeout: Duration,
+        faults: &FaultLog,
+    ) -> Verdict {
+        let code = format!("__lt_n += 1\nprint({tag:?})\n__lt_n");
+        let result = match target.execute(session, &code, timeout).await {
+            Ok(result) => result,
+            Err(kind) => {
+                self.uncertain = true;
+                return Verdict {
+                    error: Some(kind),
+                    ..Verdict::default()
+                };
+            }
+        };
+        self.note(result.recovered.as_ref());
+        let found = match (&result.status, &result.error) {
+            (ExecutionStatus::Ok, _) => {
+                let value = result
+                    .result
+                    .as_ref()
+                    .and_then(|r| r.repr.parse::<u64>().ok());
+                match value {
+                    Some(value) if value > 0 => value - 1,
+                    _ => return self.wrong(format!("counter read back as {:?}", result.result)),
+                }
+            }
+            // The namespace is empty: everything is gone.
+            (ExecutionStatus::Error, Some(error)) if error.type_name == "NameError" => 0,
+            _ => {
+                self.uncertain = true;
+                return Verdict {
+                    error: Some(status_kind(&result)),
+                    ..Verdict::default()
+                };
+            }
+        };
+        let mut verdict = Verdict::default();
+        let allowed_ahead = u64::from(self.uncertain);
+        if found > self.expected + allowed_ahead {
+            verdict.wrong = Some(format!(
+                "counter of {session} ahead: expected {}, found {found}",
+                self.expected
+            ));
+        } else if found < self.expected {
+            let allowed = match self.durability {
+                Durability::Debounced => self.reported_lost,
+                Durability::Reply => 0,
+            };
+            if self.expected - found > allowed {
+                verdict.lost = Some(LostState {
+                    session: session.to_owned(),
+                    at_s: faults.elapsed_s(),
+                    expected: self.expected,
+                    found,
+                    reported_lost: self.reported_lost,
+                    after_fault: faults.last(),
+                    checkpoint: self.checkpoint.clone(),
+                });
+            }
+        }
+        if result.status == ExecutionStatus::Ok && result.stdout != format!("{tag}\n") {
+            verdict.wrong = Some(format!(
+                "stdout of {session} is {:?}, not its tag {tag:?}",
+                result.stdout.chars().take(80).collect::<String>()
+            ));
+        }
+        self.expected = found + u64::from(result.status == ExecutionStatus::Ok);
+        if result.status != ExecutionStatus::Ok {
+            // Start the counter again in the fresh namespace.
+            if let Err(kind) = Counter::init(target, session, timeout).await {
+                verdict.error = Some(kind);
+                self.uncertain = true;
+            }
+            self.expected = 0;
+        } else {
+            self.uncertain = false;
+        }
+        self.reported_lost = 0;
+        verdict
+    }
+
+    fn wrong(&mut self, what: String) -> Verdict {
+        self.uncertain = true;
+        Verdict {
+            wrong: Some(what),
+            ..Verdict::default()
+        }
+    }
+}

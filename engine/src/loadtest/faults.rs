@@ -1,0 +1,367 @@
+//! The faults a scenario injects, on a schedule (`at_s`), periodically (`every_s`) or at
+//! random (`random_every_s`, exponential gaps of that mean), and the log of each with its
+//! time and whether the engine recovered: after every fault the session it hit must answer
+//! `1 + 1` again within [`RECOVERY_TIMEOUT`].
+//!
+//! Worker faults (`kill_worker`, `stop_worker`) hit the worker of a random client's session,
+//! so the clients' counters see them. The others run in a session of their own
+//! (`memory_hog`, `cpu_spinner`, `fork_bomb`, `print_flood`) or on a raw connection to the
+//! daemon's socket (`slow_client`, `vanished_client`), and show that everyone else keeps
+//! being served.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+
+use super::scenario::TargetSpec;
+use super::target::Target;
+
+/// How long a session has to answer again after a fault.
+const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One fault of the scenario.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    pub kind: FaultKind,
+    /// Seconds from the start at which it happens.
+    #[serde(default)]
+    pub at_s: Vec<f64>,
+    /// Or: every this many seconds.
+    #[serde(default)]
+    pub every_s: Option<f64>,
+    /// Or: at random, this many seconds apart on average.
+    #[serde(default)]
+    pub random_every_s: Option<f64>,
+    /// `stop_worker`: how long the worker stays stopped; `slow_client`: how long the client
+    /// does not read.
+    #[serde(default)]
+    pub for_s: Option<f64>,
+    /// `memory_hog`: megabytes allocated (default 3000, past the default 2048 MB limit).
+    #[serde(default)]
+    pub mb: Option<u64>,
+    /// `cpu_spinner`: seconds of spinning before its timeout stops it.
+    #[serde(default)]
+    pub seconds: Option<f64>,
+    /// `fork_bomb`: processes it tries to start at most (default 200).
+    #[serde(default)]
+    pub max_procs: Option<u32>,
+    /// `print_flood`: bytes printed (default 200 MB).
+    #[serde(default)]
+    pub bytes: Option<u64>,
+}
+
+/// The kinds of faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGKILL of a client session's worker.
+    KillWorker,
+    /// SIGSTOP of a client session's worker, SIGCONT after `for_s`.
+    StopWorker,
+    /// A session allocating `mb` megabytes.
+    MemoryHog,
+    /// A session spinning the CPU until its timeout.
+    CpuSpinner,
+    /// A session forking until its process limit (at most `max_procs`).
+    ForkBomb,
+    /// A session printing `bytes`.
+    PrintFlood,
+    /// A socket client that asks for a large streamed output and does not read for `for_s`.
+    SlowClient,
+    /// A socket client that disconnects in the middle of a streamed output.
+    VanishedClient,
+}
+
+impl FaultKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillWorker => "kill_worker",
+            FaultKind::StopWorker => "stop_worker",
+            FaultKind::MemoryHog => "memory_hog",
+            FaultKind::CpuSpinner => "cpu_spinner",
+            FaultKind::ForkBomb => "fork_bomb",
+            FaultKind::PrintFlood => "print_flood",
+            FaultKind::SlowClient => "slow_client",
+            FaultKind::VanishedClient => "vanished_client",
+        }
+    }
+}
+
+impl FaultSpec {
+    pub(super) fn validate(&self, target: &TargetSpec) -> Result<(), String> {
+        let schedules = usize::from(!self.at_s.is_empty())
+            + usize::from(self.every_s.is_some())
+            + usize::from(self.random_every_s.is_some());
+        if schedules != 1 {
+            return Err("set exactly one of at_s, every_s and random_every_s".into());
+        }
+        let positive = |name: &str, value: Option<f64>| match value {
+            Some(v) if !(v.is_finite() && v > 0.0) => {
+                Err(format!("{name}: must be more than 0, got {v}"))
+            }
+            _ => Ok(()),
+        };
+        positive("every_s", self.every_s)?;
+        positive("random_every_s", self.random_every_s)?;
+        positive("for_s", self.for_s)?;
+        positive("seconds", self.seconds)?;
+        if let Some(at) = self.at_s.iter().find(|at| !(at.is_finite() && **at >= 0.0)) {
+            return Err(format!("at_s: times must be 0 or more, got {at}"));
+        }
+        let socket = matches!(target, TargetSpec::Socket { .. });
+        match self.kind {
+            FaultKind::SlowClient | FaultKind::VanishedClient if !socket => {
+                Err("needs the socket target".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Seconds from the start of every occurrence up to `end`.
+    pub fn times(&self, end: Duration) -> Vec<Duration> {
+        let end = end.as_secs_f64();
+        let mut times = Vec::new();
+        if let Some(every) = self.every_s {
+            let mut t = every;
+            while t < end {
+                times.push(t);
+                t += every;
+            }
+        } else if let Some(mean) = self.random_every_s {
+            let mut t = -mean * (1.0 - fastrand::f64()).ln();
+            while t < end {
+                times.push(t);
+                t += -mean * (1.0 - fastrand::f64()).ln();
+            }
+        } else {
+            times.extend(self.at_s.iter().copied().filter(|at| *at < end));
+        }
+        times.into_iter().map(Duration::from_secs_f64).collect()
+    }
+}
+
+/// One fault as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    pub kind: &'static str,
+    /// Seconds since the start of the run.
+    pub at_s: f64,
+    pub session: Option<String>,
+    /// What was done and what the engine answered.
+    pub detail: String,
+    /// Whether the session answered again within the recovery timeout.
+    pub recovered: bool,
+    /// Seconds until it did.
+    pub recovery_s: Option<f64>,
+}
+
+/// The faults of a run, shared by the clients (which name the last one when they see a loss).
+#[derive(Clone)]
+pub struct FaultLog {
+    started: Instant,
+    records: Arc<Mutex<Vec<FaultRecord>>>,
+    /// `kind at t s` of the last fault started.
+    last: Arc<Mutex<Option<String>>>,
+}
+
+impl FaultLog {
+    pub fn new(started: Instant) -> Self {
+        Self {
+            started,
+            records: Arc::default(),
+            last: Arc::default(),
+        }
+    }
+
+    pub fn elapsed_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// The last fault started, as `kind at t s`.
+    pub fn last(&self) -> Option<String> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn started(&self, kind: FaultKind) -> f64 {
+        let at = self.elapsed_s();
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(format!("{} at {at:.1} s", kind.name()));
+        at
+    }
+
+    fn push(&self, record: FaultRecord) {
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(record);
+    }
+
+    pub fn records(&self) -> Vec<FaultRecord> {
+        let mut records = self
+            .records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        records.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+        records
+    }
+}
+
+/// Injects one occurrence of `spec`, hitting one of `sessions` for worker faults.
+pub async fn inject(spec: &FaultSpec, target: &Target, sessions: &[String], log: &FaultLog) {
+    let at_s = log.started(spec.kind);
+    let hit = match spec.kind {
+        FaultKind::KillWorker | FaultKind::StopWorker => {
+            match sessions.get(fastrand::usize(..sessions.len().max(1))) {
+                Some(session) => worker_fault(spec, target, session).await,
+                None => Err("no client session yet".to_owned()),
+            }
+        }
+        FaultKind::MemoryHog => {
+            let mb = spec.mb.unwrap_or(3000);
+            own_session(target, &format!("__hog = bytearray({mb} * 2**20)"), 60.0).await
+        }
+        FaultKind::CpuSpinner => {
+            own_session(target, "while True:\n    pass", spec.seconds.unwrap_or(3.0)).await
+        }
+        FaultKind::ForkBomb => {
+            let max = spec.max_procs.unwrap_or(200);
+            let code = format!(
+                "import os, time\nstarted = 0\ntry:\n    for _ in range({max}):\n        \
+                 if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n        \
+                 started += 1\nexcept OSError as e:\n    print('stopped by', e)\nstarted"
+            );
+            own_session(target, &code, 20.0).await
+        }
+        FaultKind::PrintFlood => {
+            let bytes = spec.bytes.unwrap_or(200_000_000);
+            let code = format!(
+                "import sys\nchunk = 'x' * 1023 + '\\n'\nfor _ in range({}):\n    \
+                 sys.stdout.write(chunk)",
+                bytes / 1024
+            );
+            own_session(target, &code, 120.0).await
+        }
+        FaultKind::SlowClient | FaultKind::VanishedClient => raw_client(spec, target).await,
+    };
+    let (session, detail) = match hit {
+        Ok((session, detail)) => (Some(session), detail),
+        Err(detail) => (None, detail),
+    };
+    let recovery = match &session {
+        Some(session) => recovered(target, session).await,
+        None => None,
+    };
+    // The sessions a fault made for itself end with it.
+    if let Some(own) = session.as_ref().filter(|s| !sessions.contains(s)) {
+        let _ = target.close(own).await;
+    }
+    log.push(FaultRecord {
+        kind: spec.kind.name(),
+        at_s,
+        session,
+        detail,
+        recovered: recovery.is_some(),
+        recovery_s: recovery.map(|d| d.as_secs_f64()),
+    });
+}
+
+/// SIGKILL or SIGSTOP/SIGCONT of `session`'s worker.
+async fn worker_fault(
+    spec: &FaultSpec,
+    target: &Target,
+    session: &str,
+) -> Result<(String, String), String> {
+    let pid = target
+        .worker_pid(session)
+        .await?
+        .ok_or_else(|| format!("{session} has no worker now"))?;
+    let process = Pid::from_raw(i32::try_from(pid).map_err(|err| err.to_string())?);
+    let detail = if spec.kind == FaultKind::KillWorker {
+        kill(process, Signal::SIGKILL).map_err(|err| format!("kill {pid}: {err}"))?;
+        format!("SIGKILL to worker {pid}")
+    } else {
+        let pause = Duration::from_secs_f64(spec.for_s.unwrap_or(2.0));
+        kill(process, Signal::SIGSTOP).map_err(|err| format!("stop {pid}: {err}"))?;
+        tokio::time::sleep(pause).await;
+        let _ = kill(process, Signal::SIGCONT);
+        format!("SIGSTOP of worker {pid} for {pause:?}")
+    };
+    Ok((session.to_owned(), detail))
+}
+
+/// Runs `code` in a new session with a timeout of `timeout_s`; the session and what came of it.
+async fn own_session(
+    target: &Target,
+    code: &str,
+    timeout_s: f64,
+) -> Result<(String, String), String> {
+    let session = target.create(None, None).await?;
+    let detail = match target
+        .execute(&session, code, Duration::from_secs_f64(timeout_s))
+        .await
+    {
+        Ok(result) => {
+            let mut detail = super::ops::status_kind(&result);
+            if let Some(value) = &result.result {
+                detail.push_str(&format!(" = {}", value.repr));
+            }
+            detail.push_str(&format!(", {} bytes of stdout", result.stdout.len()));
+            detail
+        }
+        Err(kind) => kind,
+    };
+    Ok((session, detail))
+}
+
+/// A client on its own connection that asks for a large streamed output, then stops reading
+/// (`slow_client`) or disconnects at once (`vanished_client`).
+async fn raw_client(spec: &FaultSpec, target: &Target) -> Result<(String, String), String> {
+    let path = target.socket_path().ok_or("no socket")?;
+    let session = target.create(None, None).await?;
+    let mut stream = tokio::net::UnixStream::connect(path)
+        .await
+        .map_err(|err| format!("connect: {err}"))?;
+    let request = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "session.execute",
+        "params": {"session_id": session, "stream": true,
+                   "code": "for i in range(2_000_000):\n    print('flood', i)"}
+    });
+    let mut line = request.to_string();
+    line.push('\n');
+    stream
+        .write_all(line.as_bytes())
+        .await
+        .map_err(|err| format!("write: {err}"))?;
+    let detail = if spec.kind == FaultKind::SlowClient {
+        let pause = Duration::from_secs_f64(spec.for_s.unwrap_or(5.0));
+        tokio::time::sleep(pause).await;
+        format!("a client that did not read for {pause:?}")
+    } else {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        "a client that disconnected mid-stream".to_owned()
+    };
+    drop(stream);
+    // The flood goes on without its reader: stop it so that the session answers again.
+    let _ = target.interrupt(&session).await;
+    Ok((session, detail))
+}
+
+/// How long `session` took to answer `1 + 1` again; `None` past the recovery timeout.
+async fn recovered(target: &Target, session: &str) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < RECOVERY_TIMEOUT {
+        if let Ok(result) = target.execute(session, "1 + 1", RECOVERY_TIMEOUT).await {
+            if result.result.as_ref().is_some_and(|r| r.repr == "2") {
+                return Some(started.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}

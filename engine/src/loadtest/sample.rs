@@ -1,0 +1,197 @@
+//! Memory and CPU of the engine under test, sampled from `/proc` once a second: the RSS of
+//! the engine's process and of all its descendants (the zygote and the workers), and the CPU
+//! time of them all (their own and that of the children they reaped). At the end: the peaks,
+//! the CPU used during the run, and the slope of the engine's RSS after the warm-up (a
+//! least-squares fit, in MB per minute), which a leak makes positive.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// How often the sampler looks.
+pub const PERIOD: Duration = Duration::from_secs(1);
+
+/// The resource figures of a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Resources {
+    pub engine_pid: Option<u32>,
+    /// The engine runs inside the harness's own process (its RSS includes the harness).
+    pub engine_is_harness: bool,
+    pub engine_peak_rss_mb: Option<f64>,
+    pub workers_peak_rss_mb: Option<f64>,
+    /// CPU seconds of the engine and its descendants during the run.
+    pub cpu_s: Option<f64>,
+    pub rss_slope_mb_per_min: Option<f64>,
+    pub samples: usize,
+}
+
+/// One look at the engine.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Duration,
+    engine_mb: f64,
+    workers_mb: f64,
+    cpu_s: f64,
+}
+
+/// Samples taken so far.
+pub struct Sampler {
+    pid: Option<u32>,
+    started: Instant,
+    samples: Vec<Sample>,
+    ticks_per_s: f64,
+}
+
+impl Sampler {
+    pub fn new(pid: Option<u32>, started: Instant) -> Self {
+        // SAFETY: sysconf reads a configuration value and touches no memory of ours.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        Self {
+            pid,
+            started,
+            samples: Vec::new(),
+            ticks_per_s: if ticks > 0 { ticks as f64 } else { 100.0 },
+        }
+    }
+
+    /// Takes one sample (nothing when the engine's pid is unknown or gone).
+    pub fn sample(&mut self) {
+        let Some(pid) = self.pid else {
+            return;
+        };
+        let processes = processes();
+        let Some(engine) = processes.get(&pid) else {
+            return;
+        };
+        let mut workers_kb = 0;
+        let mut ticks = engine.ticks;
+        let mut frontier = vec![pid];
+        while let Some(parent) = frontier.pop() {
+            for (child, process) in &processes {
+                if process.ppid == parent {
+                    workers_kb += process.rss_kb;
+                    ticks += process.ticks;
+                    frontier.push(*child);
+                }
+            }
+        }
+        self.samples.push(Sample {
+            at: self.started.elapsed(),
+            engine_mb: engine.rss_kb as f64 / 1024.0,
+            workers_mb: workers_kb as f64 / 1024.0,
+            cpu_s: ticks as f64 / self.ticks_per_s,
+        });
+    }
+
+    /// The figures, leaving samples before `warmup` out of the slope.
+    pub fn resources(&self, warmup: Duration, engine_is_harness: bool) -> Resources {
+        let peak = |f: fn(&Sample) -> f64| self.samples.iter().map(f).reduce(f64::max);
+        let cpu_s = match (self.samples.first(), self.samples.last()) {
+            (Some(first), Some(last)) if self.samples.len() > 1 => Some(last.cpu_s - first.cpu_s),
+            _ => None,
+        };
+        let settled: Vec<(f64, f64)> = (self.samples.iter())
+            .filter(|s| s.at >= warmup)
+            .map(|s| (s.at.as_secs_f64() / 60.0, s.engine_mb))
+            .collect();
+        Resources {
+            engine_pid: self.pid,
+            engine_is_harness,
+            engine_peak_rss_mb: peak(|s| s.engine_mb),
+            workers_peak_rss_mb: peak(|s| s.workers_mb),
+            cpu_s,
+            rss_slope_mb_per_min: slope(&settled),
+            samples: self.samples.len(),
+        }
+    }
+}
+
+/// The least-squares slope of `points`; `None` with fewer than 3 or no spread in x.
+pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
+    if points.len() < 3 {
+        return None;
+    }
+    let n = points.len() as f64;
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    (sxx > 0.0).then(|| sxy / sxx)
+}
+
+/// What `/proc/PID/stat` says of one process.
+struct Process {
+    ppid: u32,
+    rss_kb: u64,
+    /// utime + stime + cutime + cstime.
+    ticks: u64,
+}
+
+/// Every process of the system.
+fn processes() -> HashMap<u32, Process> {
+    let mut found = HashMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    // RSS in pages, as stat reports it.
+    // SAFETY: sysconf reads a configuration value and touches no memory of ours.
+    let page_kb = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64 / 1024;
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The fields after the command name, which is in parentheses and may hold spaces:
+        // state ppid ... utime(14) stime(15) cutime(16) cstime(17) ... rss(24).
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+        let (Some(ppid), Some(rss)) = (field(4), field(24)) else {
+            continue;
+        };
+        let ticks = (14..=17).filter_map(field).sum();
+        found.insert(
+            pid,
+            Process {
+                ppid: ppid as u32,
+                rss_kb: rss * page_kb,
+                ticks,
+            },
+        );
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slope_of_a_line_is_its_gradient_and_flat_is_zero() {
+        let line: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, 3.0 + 2.0 * i as f64)).collect();
+        assert!((slope(&line).unwrap() - 2.0).abs() < 1e-9);
+        let flat: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, 5.0)).collect();
+        assert_eq!(slope(&flat), Some(0.0));
+        assert_eq!(slope(&line[..2]), None);
+    }
+
+    #[test]
+    fn this_process_is_found_with_its_memory() {
+        let mut sampler = Sampler::new(Some(std::process::id()), Instant::now());
+        sampler.sample();
+        sampler.sample();
+        let resources = sampler.resources(Duration::ZERO, true);
+        assert_eq!(resources.samples, 2);
+        assert!(resources.engine_peak_rss_mb.unwrap() > 1.0);
+        assert!(resources.cpu_s.unwrap() >= 0.0);
+    }
+}

@@ -1,0 +1,496 @@
+//! The engine a load test drives, behind one set of calls: an embedded [`Engine`] (one the
+//! harness starts, or the caller's own), a daemon's JSON-RPC socket ([`Client`]), or a
+//! daemon's HTTP API (plain HTTP/1.1 over loopback TCP, one connection per call). Every call
+//! answers `Err(kind)` with a short error kind for the report.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::scenario::TargetSpec;
+use super::LoadtestError;
+use crate::client::{Client, Event};
+use crate::rpc::wire::{CreateParams, ExecuteParams, Stats};
+use crate::{
+    Engine, EngineConfig, ExecuteRequest, ExecutionEvent, ExecutionResult, SessionOptions,
+    StateConfig,
+};
+
+/// How long the target has to answer its first health check.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The engine under test.
+pub enum Target {
+    Embedded {
+        engine: Engine,
+        /// The state directory of an engine the harness started; removed at the end.
+        _state: Option<tempfile::TempDir>,
+    },
+    Socket {
+        client: Client,
+        path: PathBuf,
+    },
+    Http(Http),
+}
+
+/// Engine-wide totals the report takes differences of.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Totals {
+    pub hits: u64,
+    pub misses: u64,
+    pub crashes: u64,
+    pub restores: u64,
+}
+
+impl Target {
+    /// Opens the target of `spec` (or wraps `engine`, the caller's own) and checks it answers.
+    pub async fn open(spec: &TargetSpec, engine: Option<Engine>) -> Result<Target, LoadtestError> {
+        let unreachable = LoadtestError::Target;
+        let target = match (spec, engine) {
+            (_, Some(engine)) => Target::Embedded {
+                engine,
+                _state: None,
+            },
+            (TargetSpec::Embedded { durability }, None) => {
+                let state = tempfile::Builder::new()
+                    .prefix("pyvisor-loadtest-")
+                    .tempdir()
+                    .map_err(|err| unreachable(format!("create a state directory: {err}")))?;
+                let defaults = EngineConfig::default();
+                let config = EngineConfig {
+                    state: StateConfig {
+                        dir: Some(state.path().to_owned()),
+                        auto: crate::AutoCheckpoint {
+                            durability: durability.mode(),
+                            ..defaults.state.auto
+                        },
+                        ..defaults.state
+                    },
+                    ..defaults
+                };
+                let engine = Engine::start(config)
+                    .await
+                    .map_err(|err| unreachable(format!("start an engine: {err}")))?;
+                Target::Embedded {
+                    engine,
+                    _state: Some(state),
+                }
+            }
+            (TargetSpec::Socket { path, .. }, None) => {
+                let path = match path {
+                    Some(path) => path.clone(),
+                    None => configured_socket().map_err(unreachable)?,
+                };
+                let path = &path;
+                let connect = tokio::time::timeout(HEALTH_TIMEOUT, Client::connect(path));
+                let client = match connect.await {
+                    Ok(Ok(client)) => client,
+                    Ok(Err(err)) => {
+                        return Err(unreachable(format!(
+                            "the socket {} does not answer: {err}",
+                            path.display()
+                        )))
+                    }
+                    Err(_) => {
+                        return Err(unreachable(format!(
+                            "the socket {} does not answer within {HEALTH_TIMEOUT:?}",
+                            path.display()
+                        )))
+                    }
+                };
+                Target::Socket {
+                    client,
+                    path: path.clone(),
+                }
+            }
+            (TargetSpec::Http { url, token_env, .. }, None) => {
+                let token = match token_env {
+                    Some(name) => Some(std::env::var(name).map_err(|_| {
+                        unreachable(format!("the token variable {name} is not set"))
+                    })?),
+                    None => None,
+                };
+                Target::Http(Http::new(url, token).map_err(unreachable)?)
+            }
+        };
+        match tokio::time::timeout(HEALTH_TIMEOUT, target.health()).await {
+            Ok(Ok(())) => Ok(target),
+            Ok(Err(kind)) => Err(unreachable(format!(
+                "the target's health check failed: {kind}"
+            ))),
+            Err(_) => Err(unreachable(format!(
+                "the target did not answer a health check within {HEALTH_TIMEOUT:?}"
+            ))),
+        }
+    }
+
+    async fn health(&self) -> Result<(), String> {
+        match self {
+            Target::Embedded { engine, .. } => engine.stats().await.map(drop).map_err(kind),
+            Target::Socket { client, .. } => client.health().await.map(drop).map_err(kind),
+            Target::Http(http) => http.get::<Value>("/v1/health").await.map(drop),
+        }
+    }
+
+    /// A new session (named `name`, working in `cwd`); its id.
+    pub async fn create(&self, name: Option<&str>, cwd: Option<&Path>) -> Result<String, String> {
+        match self {
+            Target::Embedded { engine, .. } => {
+                let options = SessionOptions {
+                    name: name.map(str::to_owned),
+                    cwd: cwd.map(Path::to_owned),
+                    ..SessionOptions::default()
+                };
+                let session = engine.create_session(options).await.map_err(kind)?;
+                Ok(session.id().to_owned())
+            }
+            Target::Socket { client, .. } => {
+                let params = CreateParams {
+                    name: name.map(str::to_owned),
+                    cwd: cwd.map(|dir| dir.to_string_lossy().into_owned()),
+                    ..CreateParams::default()
+                };
+                let created = client.create_session(params).await.map_err(kind)?;
+                Ok(created.session_id)
+            }
+            Target::Http(http) => {
+                let body = json!({"name": name, "cwd": cwd.map(|dir| dir.to_string_lossy())});
+                let created: Value = http.post("/v1/sessions", &body).await?;
+                Ok(created["session_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned())
+            }
+        }
+    }
+
+    /// Runs `code` in `session` and waits for its result.
+    pub async fn execute(
+        &self,
+        session: &str,
+        code: &str,
+        timeout: Duration,
+    ) -> Result<ExecutionResult, String> {
+        match self {
+            Target::Embedded { engine, .. } => {
+                let mut request = ExecuteRequest::new(code);
+                request.timeout = Some(timeout);
+                let session = engine.session(session, None).await.map_err(kind)?;
+                session.run(request).await.map_err(kind)
+            }
+            Target::Socket { client, .. } => {
+                let params = ExecuteParams {
+                    timeout_s: Some(timeout.as_secs_f64()),
+                    ..ExecuteParams::new(session, code)
+                };
+                client.execute(params).await.map_err(kind)
+            }
+            Target::Http(http) => {
+                let body = json!({"code": code, "timeout_s": timeout.as_secs_f64()});
+                http.post(&format!("/v1/sessions/{session}/execute"), &body)
+                    .await
+            }
+        }
+    }
+
+    /// Runs `code`, answering its first `input()` with `answer`.
+    pub async fn execute_with_input(
+        &self,
+        session: &str,
+        code: &str,
+        answer: &str,
+        timeout: Duration,
+    ) -> Result<ExecutionResult, String> {
+        match self {
+            Target::Embedded { engine, .. } => {
+                let mut request = ExecuteRequest::new(code).with_input();
+                request.timeout = Some(timeout);
+                let session = engine.session(session, None).await.map_err(kind)?;
+                let mut execution = session.execute(request).await.map_err(kind)?;
+                let execution_id = execution.id().to_owned();
+                while let Some(event) = execution.next().await {
+                    match event {
+                        ExecutionEvent::InputRequest { .. } => session
+                            .send_input(&execution_id, Some(answer.to_owned()))
+                            .await
+                            .map_err(kind)?,
+                        ExecutionEvent::Finished(result) => return Ok(*result),
+                        _ => {}
+                    }
+                }
+                Err("stream_ended".into())
+            }
+            Target::Socket { client, .. } => {
+                let params = ExecuteParams {
+                    timeout_s: Some(timeout.as_secs_f64()),
+                    ..ExecuteParams::new(session, code)
+                };
+                let mut execution = client.execute_streaming(params).await.map_err(kind)?;
+                while let Some(event) = execution.next().await {
+                    match event.map_err(kind)? {
+                        Event::InputRequest { execution_id, .. } => client
+                            .send_input(session, &execution_id, Some(answer.to_owned()))
+                            .await
+                            .map_err(kind)?,
+                        Event::Finished(result) => return Ok(*result),
+                        _ => {}
+                    }
+                }
+                Err("stream_ended".into())
+            }
+            Target::Http(_) => Err("input_unsupported".into()),
+        }
+    }
+
+    /// Interrupts what runs in `session`; whether something did.
+    pub async fn interrupt(&self, session: &str) -> Result<bool, String> {
+        match self {
+            Target::Embedded { engine, .. } => {
+                let session = engine.session(session, None).await.map_err(kind)?;
+                session.interrupt().await.map_err(kind)
+            }
+            Target::Socket { client, .. } => client.interrupt(session).await.map_err(kind),
+            Target::Http(http) => {
+                let answer: Value = http
+                    .post(&format!("/v1/sessions/{session}/interrupt"), &json!({}))
+                    .await?;
+                Ok(answer["interrupted"].as_bool().unwrap_or(false))
+            }
+        }
+    }
+
+    /// Checkpoints `session`; the checkpoint's id.
+    pub async fn checkpoint(&self, session: &str) -> Result<String, String> {
+        match self {
+            Target::Embedded { engine, .. } => {
+                let session = engine.session(session, None).await.map_err(kind)?;
+                Ok(session.checkpoint().await.map_err(kind)?.checkpoint_id)
+            }
+            Target::Socket { client, .. } => Ok(client
+                .checkpoint(session)
+                .await
+                .map_err(kind)?
+                .checkpoint_id),
+            Target::Http(http) => {
+                let taken: Value = http
+                    .post(&format!("/v1/sessions/{session}/checkpoint"), &json!({}))
+                    .await?;
+                Ok(taken["checkpoint_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned())
+            }
+        }
+    }
+
+    /// Puts `session` back as checkpoint `id`.
+    pub async fn restore(&self, session: &str, id: &str) -> Result<(), String> {
+        match self {
+            Target::Embedded { engine, .. } => {
+                let session = engine.session(session, None).await.map_err(kind)?;
+                session.restore(Some(id)).await.map(drop).map_err(kind)
+            }
+            Target::Socket { client, .. } => client
+                .restore(session, Some(id))
+                .await
+                .map(drop)
+                .map_err(kind),
+            Target::Http(http) => {
+                let body = json!({"checkpoint_id": id});
+                http.post::<Value>(&format!("/v1/sessions/{session}/restore"), &body)
+                    .await
+                    .map(drop)
+            }
+        }
+    }
+
+    /// Ends `session` and deletes its checkpoints.
+    pub async fn close(&self, session: &str) -> Result<(), String> {
+        match self {
+            Target::Embedded { engine, .. } => {
+                let session = engine.session(session, None).await.map_err(kind)?;
+                session.close().await.map_err(kind)
+            }
+            Target::Socket { client, .. } => client.close(session, false).await.map_err(kind),
+            Target::Http(http) => http
+                .request::<Value>("DELETE", &format!("/v1/sessions/{session}"), None)
+                .await
+                .map(drop),
+        }
+    }
+
+    /// The pid of `session`'s worker, when it has one.
+    pub async fn worker_pid(&self, session: &str) -> Result<Option<u32>, String> {
+        match self {
+            Target::Embedded { engine, .. } => {
+                let session = engine.session(session, None).await.map_err(kind)?;
+                Ok(session.info().await.map_err(kind)?.pid)
+            }
+            Target::Socket { client, .. } => Ok(client.info(session).await.map_err(kind)?.pid),
+            Target::Http(http) => {
+                let info: Value = http.get(&format!("/v1/sessions/{session}")).await?;
+                Ok(info["pid"].as_u64().and_then(|pid| u32::try_from(pid).ok()))
+            }
+        }
+    }
+
+    /// The engine's totals of pool hits, crashes and restores.
+    pub async fn totals(&self) -> Result<Totals, String> {
+        let (pool, crashes, restores) = match self {
+            Target::Embedded { engine, .. } => {
+                let stats = engine.stats().await.map_err(kind)?;
+                (stats.pool, stats.crashes, stats.restores)
+            }
+            Target::Socket { client, .. } => {
+                let stats = client.stats().await.map_err(kind)?;
+                (stats.pool, stats.crashes, stats.restores)
+            }
+            Target::Http(http) => {
+                let stats: Stats = http.get("/v1/stats").await?;
+                (stats.pool, stats.crashes, stats.restores)
+            }
+        };
+        Ok(Totals {
+            hits: pool.hits,
+            misses: pool.misses,
+            crashes,
+            restores,
+        })
+    }
+
+    /// The process that runs the engine, for its memory and CPU: this one when embedded,
+    /// the socket's peer for a daemon; unknown over HTTP.
+    pub async fn engine_pid(&self) -> Option<u32> {
+        match self {
+            Target::Embedded { .. } => Some(std::process::id()),
+            Target::Socket { path, .. } => {
+                let stream = tokio::net::UnixStream::connect(path).await.ok()?;
+                let pid = stream.peer_cred().ok()?.pid()?;
+                u32::try_from(pid).ok()
+            }
+            Target::Http(_) => None,
+        }
+    }
+
+    /// The daemon's socket, for faults that open connections of their own.
+    pub fn socket_path(&self) -> Option<&Path> {
+        match self {
+            Target::Socket { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+}
+
+/// The daemon socket the configuration names, as `pyvisor exec` finds it.
+fn configured_socket() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("PYVISOR_SOCKET") {
+        return Ok(PathBuf::from(path));
+    }
+    let loaded = crate::config::Settings::load(None)
+        .map_err(|err| format!("load the configuration for its socket: {err}"))?;
+    Ok(loaded.settings.socket_path())
+}
+
+/// A short kind for an error, as the report counts them: the first 80 characters of its
+/// message.
+fn kind(err: impl std::fmt::Display) -> String {
+    err.to_string().chars().take(80).collect()
+}
+
+/// A minimal HTTP/1.1 client for the daemon's JSON API on a loopback address.
+pub struct Http {
+    /// `host:port`.
+    authority: String,
+    token: Option<String>,
+}
+
+impl Http {
+    fn new(url: &str, token: Option<String>) -> Result<Http, String> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("the url {url:?} must start with http://"))?;
+        let authority = rest.split('/').next().unwrap_or_default().to_owned();
+        if authority.is_empty() {
+            return Err(format!("the url {url:?} names no host"));
+        }
+        Ok(Http { authority, token })
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+        self.request("GET", path, None).await
+    }
+
+    async fn post<T: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T, String> {
+        self.request("POST", path, Some(body)).await
+    }
+
+    async fn request<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<T, String> {
+        let body = body.map(Value::to_string).unwrap_or_default();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\n",
+            self.authority,
+            body.len()
+        );
+        if let Some(token) = &self.token {
+            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        }
+        head.push_str("\r\n");
+        let mut stream = tokio::net::TcpStream::connect(&self.authority)
+            .await
+            .map_err(|err| format!("connect: {err}"))?;
+        stream
+            .write_all(format!("{head}{body}").as_bytes())
+            .await
+            .map_err(|err| format!("write: {err}"))?;
+        let mut response = Vec::new();
+        stream
+            .read_to_end(&mut response)
+            .await
+            .map_err(|err| format!("read: {err}"))?;
+        let text = String::from_utf8_lossy(&response);
+        let (head, rest) = text
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| "truncated HTTP response".to_owned())?;
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .ok_or_else(|| "no HTTP status".to_owned())?;
+        let chunked = head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked");
+        let body = if chunked {
+            dechunk(rest)
+        } else {
+            rest.to_owned()
+        };
+        if !(200..300).contains(&status) {
+            return Err(format!("http {status}"));
+        }
+        serde_json::from_str(&body).map_err(|err| format!("bad JSON: {err}"))
+    }
+}
+
+/// The body of a chunked HTTP response.
+fn dechunk(mut rest: &str) -> String {
+    let mut body = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || after.len() < size {
+            break;
+        }
+        body.push_str(&after[..size]);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+    body
+}
