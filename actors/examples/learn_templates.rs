@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --release -p pyvisor-actors --example learn_templates -- \
-//!     ../shared/traces-train/sequences --out actors/src/proactive/predict/templates.json \
+//!     CORPUS/sequences --out actors/src/proactive/predict/templates.json \
 //!     [--hold-out owner.repo,...]
 //! ```
 //!

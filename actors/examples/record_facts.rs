@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Each `*.json` file of SEQUENCES_DIR is one sequence (`{"name", "source", "data", "cells"}`,
-//! see shared/traces-train/README.md); it runs in a fresh worker whose working directory is
+//! the format `pyvisor replay` reads, docs/proactive.md); it runs in a fresh worker whose working directory is
 //! DATA_DIR, every cell asked for its facts. Each line of OUT.jsonl is `{"sequence", "index",
 //! "code", "status", "facts", "duration_ms"}`. `--limit N` stops after N sequences. At the end
 //! the median and 99th percentile of the facts' own cost are printed.

@@ -10,7 +10,7 @@
 //!     /tmp/facts-train.jsonl --out actors/src/proactive/predict/templates.json
 //! ```
 //!
-//! The sequences folder itself (`../shared/traces-train/sequences`) works too, with facts
+//! A folder of training sequences (the corpus is not part of the repository) works too, with facts
 //! read from the code: no object kinds or column classes then.
 
 use std::collections::BTreeMap;
