@@ -70,6 +70,20 @@ pub async fn within<F: std::future::Future>(future: F) -> F::Output {
         .expect("no hang")
 }
 
+/// Kills `pid` with SIGKILL and waits until it is gone: kill(2) returns before the process
+/// is, and code sent to a worker that is still dying dies with it.
+pub async fn kill_and_wait(pid: u32) {
+    let pid_t = i32::try_from(pid).expect("a pid fits in pid_t");
+    // SAFETY: kill(2) has no memory effects; a pid that is gone answers ESRCH.
+    assert_eq!(unsafe { libc::kill(pid_t, libc::SIGKILL) }, 0, "kill {pid}");
+    within(async {
+        while process_running(pid) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+}
+
 /// Collects every event of `execution`, the final result last.
 pub async fn events(execution: Execution) -> Vec<ExecutionEvent> {
     within(execution.collect::<Vec<_>>()).await

@@ -10,7 +10,7 @@ use pyvisor::{
     AutoCheckpoint, DurabilityMode, Engine, EngineConfig, ExecuteRequest, ExecutionStatus,
     SessionOptions, StateConfig,
 };
-use pyvisor_tests::{engine_with, manual_checkpoints, run, state_dir, within};
+use pyvisor_tests::{engine_with, kill_and_wait, manual_checkpoints, run, state_dir, within};
 
 /// An engine whose sessions checkpoint only when asked, so tests know what is on disk.
 async fn engine_in(dir: &Path) -> Engine {
@@ -152,14 +152,7 @@ async fn code_sent_after_a_kill_the_session_has_not_noticed_runs_on_the_restored
     for round in 1..=4u64 {
         run(&session, "n += 1").await;
         let saved = within(session.checkpoint()).await.unwrap();
-        let pid = session.info().await.unwrap().pid.unwrap();
-        kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
-        within(async {
-            while pyvisor_tests::process_running(pid) {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-        .await;
+        kill_and_wait(session.info().await.unwrap().pid.unwrap()).await;
         let next = run(&session, "n").await;
         assert_eq!(next.status, ExecutionStatus::Ok, "round {round}: {next:?}");
         assert_eq!(next.result.unwrap().repr, round.to_string());
@@ -251,15 +244,7 @@ async fn with_reply_durability_a_crash_right_after_a_result_loses_nothing_it_rep
         assert_eq!(result.status, ExecutionStatus::Ok, "{result:?}");
         assert!(result.warnings.is_empty(), "{result:?}");
         assert!(session.info().await.unwrap().durability.saved);
-        let pid = session.info().await.unwrap().pid.unwrap();
-        kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
-        // kill(2) returns before the process is gone; code sent before then dies with it.
-        within(async {
-            while pyvisor_tests::process_running(pid) {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-        .await;
+        kill_and_wait(session.info().await.unwrap().pid.unwrap()).await;
         let next = run(&session, "x").await;
         assert_eq!(next.status, ExecutionStatus::Ok, "{next:?}");
         assert_eq!(next.result.unwrap().repr, value.to_string());

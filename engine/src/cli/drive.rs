@@ -22,6 +22,14 @@ pub enum Format {
     Json,
 }
 
+/// Prints `report` as pretty JSON on stdout (what `--format json` gives for reports).
+pub fn print_json_report(report: &impl serde::Serialize) {
+    match serde_json::to_string_pretty(report) {
+        Ok(json) => println!("{json}"),
+        Err(err) => eprintln!("pyvisor: encode the report: {err}"),
+    }
+}
+
 /// What the user said to an `input()` prompt.
 pub enum Answer {
     Line(String),

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use super::drive::print_json_report;
 use super::EXIT_USAGE;
 use pyvisor::config::Settings;
 use pyvisor::{
@@ -191,10 +192,7 @@ impl Report {
 
     fn print(&self, format: Format) {
         if format == Format::Json {
-            match serde_json::to_string_pretty(self) {
-                Ok(json) => println!("{json}"),
-                Err(err) => eprintln!("pyvisor: encode the report: {err}"),
-            }
+            print_json_report(self);
             return;
         }
         println!(

@@ -7,6 +7,8 @@ use pyvisor::rpc::wire::ProactiveStats;
 use pyvisor::ExecutionResult;
 use serde::Serialize;
 
+use super::super::drive::print_json_report;
+
 /// How the report is printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -180,10 +182,7 @@ impl Report {
 
     pub fn print(&self, format: Format) {
         if format == Format::Json {
-            match serde_json::to_string_pretty(self) {
-                Ok(json) => println!("{json}"),
-                Err(err) => eprintln!("pyvisor: encode the report: {err}"),
-            }
+            print_json_report(self);
             return;
         }
         println!(
