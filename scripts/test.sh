@@ -11,10 +11,19 @@ cd "$(dirname "$0")/.."
 # the client's tests.
 venv=.venv
 if [ ! -x "$venv/bin/python3" ]; then
-    if ! python3 -m venv "$venv"; then
+    if ! python3 -m venv "$venv" 2>/dev/null; then
         rm -rf "$venv"
-        echo "scripts/test.sh: python3 -m venv failed; on Debian or Ubuntu install python3-venv" >&2
-        exit 1
+        # Debian and Ubuntu ship the venv module apart; as root, install it.
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            minor=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv "python$minor-venv"
+        fi
+        if ! python3 -m venv "$venv"; then
+            rm -rf "$venv"
+            echo "scripts/test.sh: python3 -m venv failed; on Debian or Ubuntu install python3-venv" >&2
+            exit 1
+        fi
     fi
 fi
 if ! "$venv/bin/python3" -c 'import pandas, matplotlib, pytest' 2>/dev/null; then
