@@ -400,11 +400,7 @@ impl Knowledge {
         outcome: &OutcomeRecord,
         embedder: &dyn Embedder,
     ) -> Option<PatternRecord> {
-        let (status, failure) = stored_status(outcome);
-        let error = outcome
-            .error_type
-            .clone()
-            .zip(outcome.error_message.clone());
+        let (status, error, failure) = stored_status(outcome);
         let session: Arc<str> = outcome.session_id.as_str().into();
         let followed_failure = match status {
             ExecutionStatus::Ok | ExecutionStatus::Error | ExecutionStatus::Timeout => {
@@ -485,7 +481,7 @@ fn reembed(outcomes: &mut [OutcomeRecord], embedder: &dyn Embedder) {
             .iter()
             .map(|&i| {
                 let outcome = &outcomes[i];
-                let (_, failure) = stored_status(outcome);
+                let (_, _, failure) = stored_status(outcome);
                 indexed_text(&outcome.code, failure, outcome.failing_line)
             })
             .collect();
@@ -501,8 +497,9 @@ fn reembed(outcomes: &mut [OutcomeRecord], embedder: &dyn Embedder) {
     }
 }
 
-/// A stored outcome's status, and whether it counts as a failure.
-fn stored_status(outcome: &OutcomeRecord) -> (ExecutionStatus, bool) {
+/// A stored outcome's status, its error (type and message), and whether it counts as a
+/// failure.
+fn stored_status(outcome: &OutcomeRecord) -> (ExecutionStatus, Option<(String, String)>, bool) {
     let status = match outcome.status.as_str() {
         "ok" => ExecutionStatus::Ok,
         "error" => ExecutionStatus::Error,
@@ -514,7 +511,8 @@ fn stored_status(outcome: &OutcomeRecord) -> (ExecutionStatus, bool) {
         .error_type
         .clone()
         .zip(outcome.error_message.clone());
-    (status, is_failure(status, error.as_ref()))
+    let failure = is_failure(status, error.as_ref());
+    (status, error, failure)
 }
 
 /// Whether an execution that ended so is a failure worth remembering: the code raised, ran

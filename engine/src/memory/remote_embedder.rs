@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use pyvisor_actors::memory::Embedder;
@@ -204,6 +204,15 @@ impl Embedder for RemoteEmbedder {
     }
 }
 
+/// Where and how requests go: built once, shared by every request.
+struct Endpoint {
+    client: reqwest::Client,
+    url: String,
+    key: Option<String>,
+    model: String,
+    dimensions: Option<u32>,
+}
+
 /// Starts the thread that sends requests, each on a task of its own.
 fn start_thread(
     config: RemoteEmbedderConfig,
@@ -216,26 +225,25 @@ fn start_thread(
             url: config.base_url.clone(),
             reason: format!("build the HTTP client: {err}"),
         })?;
+    let endpoint = Arc::new(Endpoint {
+        client,
+        url: format!("{}/embeddings", config.base_url.trim_end_matches('/')),
+        key,
+        model: config.model,
+        dimensions: config.dimensions,
+    });
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let (requests, mut received) = tokio_mpsc::unbounded_channel::<Request>();
-    let url = format!("{}/embeddings", config.base_url.trim_end_matches('/'));
     std::thread::Builder::new()
         .name("pyvisor-embedder".into())
         .spawn(move || {
             runtime.block_on(async move {
-                while let Some(request) = received.recv().await {
-                    let call = post(
-                        client.clone(),
-                        url.clone(),
-                        key.clone(),
-                        &config,
-                        request.texts,
-                    );
-                    let reply = request.reply;
+                while let Some(Request { texts, reply }) = received.recv().await {
+                    let endpoint = endpoint.clone();
                     tokio::spawn(async move {
-                        let _ = reply.try_send(call.await);
+                        let _ = reply.try_send(endpoint.post(&texts).await);
                     });
                 }
             })
@@ -243,34 +251,29 @@ fn start_thread(
     Ok(requests)
 }
 
-/// One request to the endpoint: the vectors in the order of `texts`.
-fn post(
-    client: reqwest::Client,
-    url: String,
-    key: Option<String>,
-    config: &RemoteEmbedderConfig,
-    texts: Vec<String>,
-) -> impl std::future::Future<Output = Result<Vec<Vec<f32>>, String>> + Send + 'static {
-    let (model, dimensions) = (config.model.clone(), config.dimensions);
-    async move {
+impl Endpoint {
+    /// One request: the vectors in the order of `texts`.
+    async fn post(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
         let body = EmbeddingsBody {
-            model: &model,
-            input: &texts,
-            dimensions,
+            model: &self.model,
+            input: texts,
+            dimensions: self.dimensions,
         };
-        let mut builder = client.post(&url).json(&body);
-        if let Some(key) = key {
+        let mut builder = self.client.post(&self.url).json(&body);
+        if let Some(key) = &self.key {
             builder = builder.bearer_auth(key);
         }
         let response = builder.send().await.map_err(|err| err.to_string())?;
         let status = response.status();
         if !status.is_success() {
-            return Err(format!("{url} answered {status}"));
+            return Err(format!("{} answered {status}", self.url));
         }
-        let mut answer: EmbeddingsAnswer = response
-            .json()
-            .await
-            .map_err(|err| format!("{url} answered something other than embeddings: {err}"))?;
+        let mut answer: EmbeddingsAnswer = response.json().await.map_err(|err| {
+            format!(
+                "{} answered something other than embeddings: {err}",
+                self.url
+            )
+        })?;
         answer.data.sort_by_key(|item| item.index);
         Ok(answer.data.into_iter().map(|item| item.embedding).collect())
     }
