@@ -110,8 +110,10 @@ impl Default for AutoCheckpoint {
     }
 }
 
-/// What a successful result promises about the state it produced.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What a successful result promises about the state it produced (`[state] durability`:
+/// `debounced` or `reply`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DurabilityMode {
     /// The result is sent at once and the automatic policy checkpoints afterwards: a crash
     /// before that checkpoint loses the executions since the previous one.

@@ -154,26 +154,7 @@ pub struct StateSettings {
     pub auto_min_interval_s: f64,
     /// When a result that changed the namespace is sent: at once, checkpointed by the
     /// automatic policy afterwards (`debounced`), or after its checkpoint (`reply`).
-    pub durability: Durability,
-}
-
-/// `state.durability`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Durability {
-    #[default]
-    Debounced,
-    Reply,
-}
-
-impl Durability {
-    /// The engine's mode for this setting.
-    pub fn mode(self) -> DurabilityMode {
-        match self {
-            Durability::Debounced => DurabilityMode::Debounced,
-            Durability::Reply => DurabilityMode::Reply,
-        }
-    }
+    pub durability: DurabilityMode,
 }
 
 impl Default for StateSettings {
@@ -188,7 +169,7 @@ impl Default for StateSettings {
             total_disk_mb: DEFAULT_TOTAL_DISK_BYTES >> 20,
             auto_after_changes: auto.after_changes,
             auto_min_interval_s: auto.min_interval.as_secs_f64(),
-            durability: Durability::Debounced,
+            durability: DurabilityMode::Debounced,
         }
     }
 }

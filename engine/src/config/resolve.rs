@@ -153,7 +153,7 @@ impl Settings {
                 auto: AutoCheckpoint {
                     after_changes: state.auto_after_changes,
                     min_interval: duration(state.auto_min_interval_s),
-                    durability: state.durability.mode(),
+                    durability: state.durability,
                 },
             },
             proactive: self.proactive.config(),

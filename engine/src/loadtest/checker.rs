@@ -4,7 +4,9 @@
 //!
 //! - A value lower than expected is state that went back. Under `debounced` durability that
 //!   is allowed when the engine said so: a result since the last check carried `recovered`
-//!   with at least that many `lost_executions`. Under `reply` durability nothing is allowed.
+//!   with at least that many `lost_executions` (a fault's recovery probe in the session
+//!   included: it may be the first to run on the restored worker). Under `reply` durability
+//!   nothing is allowed.
 //!   Anything beyond is a [`LostState`], with the session, the fault that preceded it and the
 //!   checkpoint the session came back from.
 //! - A value higher than expected, or stdout other than the tag (output of another session),
@@ -18,8 +20,8 @@ use serde::Serialize;
 
 use super::faults::FaultLog;
 use super::ops::status_kind;
-use super::scenario::Durability;
 use super::target::Target;
+use crate::DurabilityMode;
 use crate::{ExecutionStatus, Recovered};
 
 /// State lost beyond what the durability mode allows.
@@ -49,7 +51,7 @@ pub struct Verdict {
 
 /// One client's counter.
 pub struct Counter {
-    durability: Durability,
+    durability: DurabilityMode,
     /// The value the session holds, as far as the client knows.
     expected: u64,
     /// The last check did not finish: the session may hold `expected + 1`.
@@ -60,7 +62,7 @@ pub struct Counter {
 }
 
 impl Counter {
-    pub fn new(durability: Durability) -> Self {
+    pub fn new(durability: DurabilityMode) -> Self {
         Self {
             durability,
             expected: 0,
@@ -89,6 +91,20 @@ impl Counter {
         }
     }
 
+    fn note_probes(&mut self, faults: &FaultLog, session: &str) {
+        for report in faults.take_reports(session) {
+            self.note(Some(&report));
+        }
+    }
+
+    /// How far the counter may go back, from what the engine reported since the last check.
+    fn allowed_loss(&self) -> u64 {
+        match self.durability {
+            DurabilityMode::Debounced => self.reported_lost,
+            DurabilityMode::Reply => 0,
+        }
+    }
+
     /// Increments and reads back the counter of `session`.
     pub async fn check(
         &mut self,
@@ -110,6 +126,9 @@ impl Counter {
             }
         };
         self.note(result.recovered.as_ref());
+        // A fault's recovery probe may have run first on the restored worker and been told
+        // what was lost: that report is this session's too.
+        self.note_probes(faults, session);
         let found = match (&result.status, &result.error) {
             (ExecutionStatus::Ok, _) => {
                 let value = result
@@ -139,11 +158,12 @@ impl Counter {
                 self.expected
             ));
         } else if found < self.expected {
-            let allowed = match self.durability {
-                Durability::Debounced => self.reported_lost,
-                Durability::Reply => 0,
-            };
-            if self.expected - found > allowed {
+            if self.expected - found > self.allowed_loss() {
+                // Its answer may not have reached the probe yet.
+                faults.probe_done(session).await;
+                self.note_probes(faults, session);
+            }
+            if self.expected - found > self.allowed_loss() {
                 verdict.lost = Some(LostState {
                     session: session.to_owned(),
                     at_s: faults.elapsed_s(),

@@ -9,6 +9,7 @@
 //! daemon's socket (`slow_client`, `vanished_client`), and show that everyone else keeps
 //! being served.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,9 +17,11 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
+use tokio::sync::Notify;
 
 use super::scenario::TargetSpec;
 use super::target::Target;
+use crate::Recovered;
 
 /// How long a session has to answer again after a fault.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -167,6 +170,17 @@ pub struct FaultLog {
     records: Arc<Mutex<Vec<FaultRecord>>>,
     /// `kind at t s` of the last fault started.
     last: Arc<Mutex<Option<String>>>,
+    /// Recovery probes running in clients' sessions, and what they were told.
+    probes: Arc<Mutex<HashMap<String, Probe>>>,
+    probe_ended: Arc<Notify>,
+}
+
+/// A recovery probe of one session: the first execution after a crash may be the probe's,
+/// and the engine's `recovered` report on it belongs to the session's client.
+#[derive(Default)]
+struct Probe {
+    running: bool,
+    reports: Vec<Recovered>,
 }
 
 impl FaultLog {
@@ -175,6 +189,35 @@ impl FaultLog {
             started,
             records: Arc::default(),
             last: Arc::default(),
+            probes: Arc::default(),
+            probe_ended: Arc::default(),
+        }
+    }
+
+    fn probes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Probe>> {
+        self.probes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What recovery probes of `session` were told since the last call.
+    pub fn take_reports(&self, session: &str) -> Vec<Recovered> {
+        self.probes()
+            .get_mut(session)
+            .map(|probe| std::mem::take(&mut probe.reports))
+            .unwrap_or_default()
+    }
+
+    /// Waits until no recovery probe runs in `session`.
+    pub async fn probe_done(&self, session: &str) {
+        loop {
+            let ended = self.probe_ended.notified();
+            if !self
+                .probes()
+                .get(session)
+                .is_some_and(|probe| probe.running)
+            {
+                return;
+            }
+            ended.await;
         }
     }
 
@@ -254,7 +297,7 @@ pub async fn inject(spec: &FaultSpec, target: &Target, sessions: &[String], log:
         Err(detail) => (None, detail),
     };
     let recovery = match &session {
-        Some(session) => recovered(target, session).await,
+        Some(session) => recovered(target, session, log).await,
         None => None,
     };
     // The sessions a fault made for itself end with it.
@@ -352,16 +395,31 @@ async fn raw_client(spec: &FaultSpec, target: &Target) -> Result<(String, String
     Ok((session, detail))
 }
 
-/// How long `session` took to answer `1 + 1` again; `None` past the recovery timeout.
-async fn recovered(target: &Target, session: &str) -> Option<Duration> {
+/// How long `session` took to answer `1 + 1` again; `None` past the recovery timeout. What
+/// the engine reports it recovered from is kept in `log` for the session's client.
+async fn recovered(target: &Target, session: &str, log: &FaultLog) -> Option<Duration> {
+    log.probes().entry(session.to_owned()).or_default().running = true;
     let started = Instant::now();
+    let mut answered = None;
     while started.elapsed() < RECOVERY_TIMEOUT {
         if let Ok(result) = target.execute(session, "1 + 1", RECOVERY_TIMEOUT).await {
+            if let Some(report) = result.recovered {
+                log.probes()
+                    .entry(session.to_owned())
+                    .or_default()
+                    .reports
+                    .push(report);
+            }
             if result.result.as_ref().is_some_and(|r| r.repr == "2") {
-                return Some(started.elapsed());
+                answered = Some(started.elapsed());
+                break;
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    None
+    if let Some(probe) = log.probes().get_mut(session) {
+        probe.running = false;
+    }
+    log.probe_ended.notify_waiters();
+    answered
 }

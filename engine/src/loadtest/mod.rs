@@ -39,7 +39,7 @@ pub use faults::{FaultKind, FaultRecord, FaultSpec};
 pub use ops::{OpKind, OpSpec};
 pub use report::{compare, Compared, OpFigures, Report, COUNTER};
 pub use sample::Resources;
-pub use scenario::{Durability, Scenario, TargetSpec, Think};
+pub use scenario::{Scenario, TargetSpec, Think};
 
 use checker::Counter;
 use faults::FaultLog;

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::faults::FaultSpec;
 use super::ops::OpSpec;
 use super::LoadtestError;
+use crate::DurabilityMode;
 
 /// A whole load test.
 #[derive(Debug, Clone, Deserialize)]
@@ -76,7 +77,7 @@ pub enum TargetSpec {
     Embedded {
         /// `[state] durability` of that engine: `debounced` (default) or `reply`.
         #[serde(default)]
-        durability: Durability,
+        durability: DurabilityMode,
     },
     /// A daemon's JSON-RPC socket: `path`, else the configured one (`$PYVISOR_SOCKET`, then
     /// `server.socket`, as `pyvisor exec` finds it).
@@ -85,7 +86,7 @@ pub enum TargetSpec {
         path: Option<PathBuf>,
         /// The daemon's `[state] durability`, which sets what loss is allowed.
         #[serde(default)]
-        durability: Durability,
+        durability: DurabilityMode,
     },
     /// A daemon's HTTP API.
     Http {
@@ -94,31 +95,19 @@ pub enum TargetSpec {
         #[serde(default)]
         token_env: Option<String>,
         #[serde(default)]
-        durability: Durability,
+        durability: DurabilityMode,
     },
 }
 
 impl TargetSpec {
     /// The durability mode of the engine behind the target.
-    pub fn durability(&self) -> Durability {
+    pub fn durability(&self) -> DurabilityMode {
         match self {
             TargetSpec::Embedded { durability }
             | TargetSpec::Socket { durability, .. }
             | TargetSpec::Http { durability, .. } => *durability,
         }
     }
-}
-
-/// What a successful result promises about the state, which sets the loss that is allowed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Durability {
-    /// A crash may lose the executions since the last checkpoint, as long as the result of
-    /// the recovery says how many (`recovered.lost_executions`).
-    #[default]
-    Debounced,
-    /// A crash loses nothing a result reported.
-    Reply,
 }
 
 /// The pause of a client between two operations.
@@ -250,15 +239,5 @@ impl Scenario {
 
     pub fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_s)
-    }
-}
-
-impl Durability {
-    /// The engine's mode of the same name.
-    pub fn mode(self) -> crate::DurabilityMode {
-        match self {
-            Durability::Debounced => crate::DurabilityMode::Debounced,
-            Durability::Reply => crate::DurabilityMode::Reply,
-        }
     }
 }

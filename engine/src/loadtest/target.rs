@@ -65,7 +65,7 @@ impl Target {
                     state: StateConfig {
                         dir: Some(state.path().to_owned()),
                         auto: crate::AutoCheckpoint {
-                            durability: durability.mode(),
+                            durability: *durability,
                             ..defaults.state.auto
                         },
                         ..defaults.state
