@@ -20,6 +20,7 @@ pub mod client;
 pub mod config;
 mod engine;
 pub mod errors;
+mod http_client;
 pub mod loadtest;
 mod memory;
 pub mod rpc;

@@ -218,7 +218,11 @@ fn start_thread(
     config: RemoteEmbedderConfig,
     key: Option<String>,
 ) -> Result<tokio_mpsc::UnboundedSender<Request>, RemoteEmbedderError> {
-    let client = reqwest::Client::builder()
+    let client = crate::http_client::builder()
+        .map_err(|err| RemoteEmbedderError::Unreachable {
+            url: config.base_url.clone(),
+            reason: format!("set up TLS: {err}"),
+        })?
         .timeout(config.timeout)
         .build()
         .map_err(|err| RemoteEmbedderError::Unreachable {
