@@ -259,11 +259,17 @@ async fn with_reply_durability_a_crash_right_after_a_result_loses_nothing_it_rep
     let failed = run(&session, "y = 5\nraise ValueError('after y')").await;
     assert_eq!(failed.status, ExecutionStatus::Error);
     assert_eq!(session.checkpoints().await.unwrap().len(), before + 1);
-    // A timeout shorter than the checkpoint does not cut the saving of a finished cell.
-    let mut request = ExecuteRequest::new("big = bytearray(50_000_000)");
-    request.timeout = Some(Duration::from_millis(300));
+    // A timeout shorter than the checkpoint does not cut the saving of a finished cell: the
+    // cell is instant, its state takes 2 s to save (pickling `slow` sleeps), the timeout is 1 s.
+    let mut request = ExecuteRequest::new(
+        "import time\nclass Slow:\n    def __reduce__(self):\n        time.sleep(2)\n        \
+         return (int, (7,))\nslow = Slow()\ndel Slow",
+    );
+    request.timeout = Some(Duration::from_secs(1));
     let result = within(session.run(request)).await.unwrap();
     assert_eq!(result.status, ExecutionStatus::Ok, "{result:?}");
+    assert!(result.warnings.is_empty(), "{result:?}");
+    assert_eq!(session.checkpoints().await.unwrap().len(), before + 2);
 }
 
 /// The checkpoint files of the store under `dir`, newest (highest sequence) last.
