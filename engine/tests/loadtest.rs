@@ -1,7 +1,8 @@
 //! The load-test harness (`pyvisor loadtest`, `pyvisor::loadtest`): scenario errors, the
 //! lost-state detector against a deliberately injected loss, the report's arithmetic on an
 //! operation of known duration, the smoke scenario of examples/loadtest (which fails on any
-//! wrong answer or lost state), a socket run with client faults, and the command's exit
+//! wrong answer or lost state), a socket run with client faults, a daemon killed and
+//! restarted under load, and the command's exit
 //! statuses and `--compare`.
 
 mod common;
@@ -74,7 +75,20 @@ fn scenario_mistakes_are_named_clearly() {
     ));
     assert_eq!(
         socket_fault,
-        "fault[0] (slow_client): needs the socket target"
+        "fault[0] (slow_client): needs the socket or daemon target"
+    );
+    let kill_daemon = |target: &str| {
+        scenario_error(&format!(
+            "iterations = 1\n[target]\n{target}\n[[op]]\nkind = \"checkpoint\"\n\
+             [[fault]]\nkind = \"kill_daemon\"\nat_s = [1]\n"
+        ))
+    };
+    let not_ours = kill_daemon("kind = \"socket\"");
+    assert!(not_ours.contains("needs the daemon target"), "{not_ours}");
+    let debounced = kill_daemon("kind = \"daemon\"");
+    assert!(
+        debounced.contains("needs durability = \"reply\""),
+        "{debounced}"
     );
     let two_schedules = scenario_error(&format!(
         "{HEAD}[[op]]\nkind = \"checkpoint\"\n[[fault]]\nkind = \"kill_worker\"\nevery_s = 1\nat_s = [2]\n"
@@ -209,6 +223,30 @@ async fn a_socket_run_survives_clients_that_stop_reading_or_vanish() {
         report.resources.workers_peak_rss_mb.unwrap() > 0.0,
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_come_back_whole_after_the_daemon_is_killed_and_restarted() {
+    let scenario = parse(&format!(
+        "duration_s = 8\nclients = 2\n[target]\nkind = \"daemon\"\nbinary = {:?}\n\
+         durability = \"reply\"\n\
+         [[op]]\nkind = \"execute\"\ncode = \"x = 1\"\n\
+         [[fault]]\nkind = \"kill_daemon\"\nat_s = [3]\n",
+        env!("CARGO_BIN_EXE_pyvisor")
+    ))
+    .unwrap();
+    let report = loadtest::run(&scenario).await.unwrap();
+    let text = report.text();
+    assert!(report.passed(), "{text}");
+    let [fault] = &report.faults[..] else {
+        panic!("one fault: {text}")
+    };
+    assert!(fault.recovered, "{text}");
+    assert!(fault.detail.contains("2 of 2 sessions back"), "{text}");
+    // Each client checked its counter after the restart too: nothing lost, with reply
+    // durability, although the daemon died without a word.
+    assert!(report.ops[COUNTER].count > 20, "{text}");
+    assert!(report.lost_state.is_empty(), "{text}");
 }
 
 #[test]

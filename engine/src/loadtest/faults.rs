@@ -7,7 +7,8 @@
 //! so the clients' counters see them. The others run in a session of their own
 //! (`memory_hog`, `cpu_spinner`, `fork_bomb`, `print_flood`) or on a raw connection to the
 //! daemon's socket (`slow_client`, `vanished_client`), and show that everyone else keeps
-//! being served.
+//! being served. `kill_daemon` SIGKILLs a daemon the harness runs and starts it again: every
+//! client's session must come back from its checkpoints with nothing lost.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,7 +22,7 @@ use tokio::sync::Notify;
 
 use super::scenario::TargetSpec;
 use super::target::Target;
-use crate::Recovered;
+use crate::{DurabilityMode, Recovered};
 
 /// How long a session has to answer again after a fault.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -78,6 +79,8 @@ pub enum FaultKind {
     SlowClient,
     /// A socket client that disconnects in the middle of a streamed output.
     VanishedClient,
+    /// SIGKILL of the daemon, which the harness then starts again on the same state.
+    KillDaemon,
 }
 
 impl FaultKind {
@@ -91,6 +94,7 @@ impl FaultKind {
             FaultKind::PrintFlood => "print_flood",
             FaultKind::SlowClient => "slow_client",
             FaultKind::VanishedClient => "vanished_client",
+            FaultKind::KillDaemon => "kill_daemon",
         }
     }
 }
@@ -116,10 +120,26 @@ impl FaultSpec {
         if let Some(at) = self.at_s.iter().find(|at| !(at.is_finite() && **at >= 0.0)) {
             return Err(format!("at_s: times must be 0 or more, got {at}"));
         }
-        let socket = matches!(target, TargetSpec::Socket { .. });
-        match self.kind {
-            FaultKind::SlowClient | FaultKind::VanishedClient if !socket => {
-                Err("needs the socket target".into())
+        let socket = matches!(
+            target,
+            TargetSpec::Socket { .. } | TargetSpec::Daemon { .. }
+        );
+        match (self.kind, target) {
+            (FaultKind::SlowClient | FaultKind::VanishedClient, _) if !socket => {
+                Err("needs the socket or daemon target".into())
+            }
+            (FaultKind::KillDaemon, TargetSpec::Daemon { durability, .. }) => match durability {
+                DurabilityMode::Reply => Ok(()),
+                // A SIGKILLed daemon cannot say what it lost: only a loss-free mode can be
+                // checked.
+                DurabilityMode::Debounced => Err(
+                    "needs durability = \"reply\": a SIGKILLed daemon cannot report what a \
+                     debounced checkpoint lost, so no loss could be told from an allowed one"
+                        .into(),
+                ),
+            },
+            (FaultKind::KillDaemon, _) => {
+                Err("needs the daemon target (kind = \"daemon\"), which the harness runs".into())
             }
             _ => Ok(()),
         }
@@ -291,6 +311,7 @@ pub async fn inject(spec: &FaultSpec, target: &Target, sessions: &[String], log:
             own_session(target, &code, 120.0).await
         }
         FaultKind::SlowClient | FaultKind::VanishedClient => raw_client(spec, target).await,
+        FaultKind::KillDaemon => daemon_fault(target, sessions).await,
     };
     let (session, detail) = match hit {
         Ok((session, detail)) => (Some(session), detail),
@@ -336,6 +357,15 @@ async fn worker_fault(
         format!("SIGSTOP of worker {pid} for {pause:?}")
     };
     Ok((session.to_owned(), detail))
+}
+
+/// SIGKILL and restart of the daemon, every client's session brought back by its name.
+async fn daemon_fault(target: &Target, sessions: &[String]) -> Result<(String, String), String> {
+    let detail = target.kill_and_restart_daemon(sessions).await?;
+    let probe = sessions
+        .get(fastrand::usize(..sessions.len().max(1)))
+        .ok_or_else(|| format!("{detail}; no client session to probe"))?;
+    Ok((probe.clone(), detail))
 }
 
 /// Runs `code` in a new session with a timeout of `timeout_s`; the session and what came of it.

@@ -3,6 +3,9 @@
 //! faults, checks after every operation that no client's state was lost or mixed up, and
 //! reports latencies, throughput, errors, recoveries and the engine's memory and CPU.
 //!
+//! The daemon target (`kind = "daemon"`, see `daemon`) is one the harness runs itself, so
+//! a fault can kill and restart it.
+//!
 //! A Rust program (a user's own test) runs a scenario with [`run`], or against an engine it
 //! built with [`run_on`]:
 //!
@@ -20,6 +23,7 @@
 //! progress view); this file runs the clients.
 
 mod checker;
+mod daemon;
 mod faults;
 mod live;
 mod ops;
@@ -85,8 +89,12 @@ async fn run_with(scenario: &Scenario, engine: Option<Engine>) -> Result<Report,
 
     let (stop_sampling, mut sampling_stopped) = tokio::sync::oneshot::channel::<()>();
     let mut sampler = sample::Sampler::new(target.engine_pid().await, started);
+    let sampled = target.clone();
     let sampling = tokio::spawn(async move {
         loop {
+            if sampled.restartable() {
+                sampler.set_pid(sampled.engine_pid().await);
+            }
             sampler.sample();
             tokio::select! {
                 _ = &mut sampling_stopped => return sampler,
@@ -185,6 +193,10 @@ async fn run_with(scenario: &Scenario, engine: Option<Engine>) -> Result<Report,
                 Some(path) => format!("socket {}", path.display()),
                 None => "socket (configured)".to_owned(),
             },
+            TargetSpec::Daemon { .. } => match target.socket_path() {
+                Some(path) => format!("daemon on {}", path.display()),
+                None => "daemon".to_owned(),
+            },
             TargetSpec::Http { url, .. } => format!("http {url}"),
             TargetSpec::Embedded { .. } => "embedded".to_owned(),
         },
@@ -222,11 +234,20 @@ impl Client {
             deadline.is_some_and(|end| Instant::now() >= end)
                 || self.scenario.iterations.is_some_and(|n| done >= n)
         };
+        // A daemon the harness may restart forgets sessions without a name: the client's
+        // session is named, and the name is its handle.
+        let name = self
+            .target
+            .restartable()
+            .then(|| format!("loadtest-client-{}", self.index));
         let session = loop {
-            let created = match self.target.create(None, None).await {
-                Ok(session) => Counter::init(&self.target, &session, timeout)
-                    .await
-                    .map(|()| session),
+            let created = match self.target.create(name.as_deref(), None).await {
+                Ok(id) => {
+                    let session = name.clone().unwrap_or(id);
+                    Counter::init(&self.target, &session, timeout)
+                        .await
+                        .map(|()| session)
+                }
                 Err(kind) => Err(kind),
             };
             match created {

@@ -29,6 +29,8 @@ pub struct Resources {
 /// One look at the engine.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
+    /// The engine's process then (a restarted daemon is a new one).
+    pid: u32,
     at: Duration,
     engine_mb: f64,
     workers_mb: f64,
@@ -55,6 +57,13 @@ impl Sampler {
         }
     }
 
+    /// Follows the engine to a new process (a restarted daemon).
+    pub fn set_pid(&mut self, pid: Option<u32>) {
+        if pid.is_some() {
+            self.pid = pid;
+        }
+    }
+
     /// Takes one sample (nothing when the engine's pid is unknown or gone).
     pub fn sample(&mut self) {
         let Some(pid) = self.pid else {
@@ -77,6 +86,7 @@ impl Sampler {
             }
         }
         self.samples.push(Sample {
+            pid,
             at: self.started.elapsed(),
             engine_mb: engine.rss_kb as f64 / 1024.0,
             workers_mb: workers_kb as f64 / 1024.0,
@@ -84,15 +94,18 @@ impl Sampler {
         });
     }
 
-    /// The figures, leaving samples before `warmup` out of the slope.
+    /// The figures, leaving samples before `warmup` out of the slope. After a restart of the
+    /// daemon, the CPU adds up each process's share and the slope is the last process's.
     pub fn resources(&self, warmup: Duration, engine_is_harness: bool) -> Resources {
         let peak = |f: fn(&Sample) -> f64| self.samples.iter().map(f).reduce(f64::max);
-        let cpu_s = match (self.samples.first(), self.samples.last()) {
-            (Some(first), Some(last)) if self.samples.len() > 1 => Some(last.cpu_s - first.cpu_s),
-            _ => None,
-        };
+        let cpu_s = (self.samples.len() > 1).then(|| {
+            (self.samples.chunk_by(|a, b| a.pid == b.pid))
+                .map(|run| run[run.len() - 1].cpu_s - run[0].cpu_s)
+                .sum()
+        });
+        let last_pid = self.samples.last().map(|s| s.pid);
         let settled: Vec<(f64, f64)> = (self.samples.iter())
-            .filter(|s| s.at >= warmup)
+            .filter(|s| s.at >= warmup && Some(s.pid) == last_pid)
             .map(|s| (s.at.as_secs_f64() / 60.0, s.engine_mb))
             .collect();
         Resources {

@@ -88,6 +88,15 @@ pub enum TargetSpec {
         #[serde(default)]
         durability: DurabilityMode,
     },
+    /// A daemon the harness starts itself (`binary serve`, this program by default) on a
+    /// socket and state directory of its own, and can SIGKILL and start again
+    /// (`kill_daemon`).
+    Daemon {
+        #[serde(default)]
+        binary: Option<PathBuf>,
+        #[serde(default)]
+        durability: DurabilityMode,
+    },
     /// A daemon's HTTP API.
     Http {
         url: String,
@@ -105,6 +114,7 @@ impl TargetSpec {
         match self {
             TargetSpec::Embedded { durability }
             | TargetSpec::Socket { durability, .. }
+            | TargetSpec::Daemon { durability, .. }
             | TargetSpec::Http { durability, .. } => *durability,
         }
     }

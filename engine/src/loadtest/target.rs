@@ -1,16 +1,20 @@
 //! The engine a load test drives, behind one set of calls: an embedded [`Engine`] (one the
-//! harness starts, or the caller's own), a daemon's JSON-RPC socket ([`Client`]), or a
+//! harness starts, or the caller's own), a daemon's JSON-RPC socket ([`Client`]; of a daemon
+//! the harness runs itself, which it can kill and restart), or a
 //! daemon's HTTP API (plain HTTP/1.1 over loopback TCP, one connection per call). Every call
 //! answers `Err(kind)` with a short error kind for the report.
 
 use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 use std::time::Duration;
 
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
 
+use super::daemon::HarnessDaemon;
 use super::scenario::TargetSpec;
 use super::LoadtestError;
 use crate::client::{Client, Event};
@@ -30,11 +34,38 @@ pub enum Target {
         /// The state directory of an engine the harness started; removed at the end.
         _state: Option<tempfile::TempDir>,
     },
-    Socket {
-        client: Client,
-        path: PathBuf,
-    },
+    Socket(Socket),
     Http(Http),
+}
+
+/// A daemon's socket, and the daemon itself when the harness runs it.
+pub struct Socket {
+    /// Replaced when the daemon is restarted.
+    client: RwLock<Client>,
+    path: PathBuf,
+    daemon: Option<HarnessDaemon>,
+    /// True while the daemon is being restarted and its sessions brought back: calls wait.
+    restarting: watch::Sender<bool>,
+}
+
+impl Socket {
+    fn new(client: Client, path: PathBuf, daemon: Option<HarnessDaemon>) -> Socket {
+        Socket {
+            client: RwLock::new(client),
+            path,
+            daemon,
+            restarting: watch::Sender::new(false),
+        }
+    }
+
+    /// The connection to the daemon, once no restart is under way.
+    async fn client(&self) -> Client {
+        let _ = self.restarting.subscribe().wait_for(|busy| !busy).await;
+        self.client
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 /// Engine-wide totals the report takes differences of.
@@ -102,10 +133,17 @@ impl Target {
                         )))
                     }
                 };
-                Target::Socket {
+                Target::Socket(Socket::new(client, path.clone(), None))
+            }
+            (TargetSpec::Daemon { binary, durability }, None) => {
+                let (daemon, client) = HarnessDaemon::start(binary.as_deref(), *durability)
+                    .await
+                    .map_err(unreachable)?;
+                Target::Socket(Socket::new(
                     client,
-                    path: path.clone(),
-                }
+                    daemon.socket().to_owned(),
+                    Some(daemon),
+                ))
             }
             (TargetSpec::Http { url, token_env, .. }, None) => {
                 let token = match token_env {
@@ -131,7 +169,7 @@ impl Target {
     async fn health(&self) -> Result<(), String> {
         match self {
             Target::Embedded { engine, .. } => engine.stats().await.map(drop).map_err(kind),
-            Target::Socket { client, .. } => client.health().await.map(drop).map_err(kind),
+            Target::Socket(socket) => socket.client().await.health().await.map(drop).map_err(kind),
             Target::Http(http) => http.get::<Value>("/v1/health").await.map(drop),
         }
     }
@@ -148,7 +186,8 @@ impl Target {
                 let session = engine.create_session(options).await.map_err(kind)?;
                 Ok(session.id().to_owned())
             }
-            Target::Socket { client, .. } => {
+            Target::Socket(socket) => {
+                let client = socket.client().await;
                 let params = CreateParams {
                     name: name.map(str::to_owned),
                     cwd: cwd.map(|dir| dir.to_string_lossy().into_owned()),
@@ -182,7 +221,8 @@ impl Target {
                 let session = engine.session(session, None).await.map_err(kind)?;
                 session.run(request).await.map_err(kind)
             }
-            Target::Socket { client, .. } => {
+            Target::Socket(socket) => {
+                let client = socket.client().await;
                 let params = ExecuteParams {
                     timeout_s: Some(timeout.as_secs_f64()),
                     ..ExecuteParams::new(session, code)
@@ -224,7 +264,8 @@ impl Target {
                 }
                 Err("stream_ended".into())
             }
-            Target::Socket { client, .. } => {
+            Target::Socket(socket) => {
+                let client = socket.client().await;
                 let params = ExecuteParams {
                     timeout_s: Some(timeout.as_secs_f64()),
                     ..ExecuteParams::new(session, code)
@@ -253,7 +294,7 @@ impl Target {
                 let session = engine.session(session, None).await.map_err(kind)?;
                 session.interrupt().await.map_err(kind)
             }
-            Target::Socket { client, .. } => client.interrupt(session).await.map_err(kind),
+            Target::Socket(socket) => socket.client().await.interrupt(session).await.map_err(kind),
             Target::Http(http) => {
                 let answer: Value = http
                     .post(&format!("/v1/sessions/{session}/interrupt"), &json!({}))
@@ -270,7 +311,9 @@ impl Target {
                 let session = engine.session(session, None).await.map_err(kind)?;
                 Ok(session.checkpoint().await.map_err(kind)?.checkpoint_id)
             }
-            Target::Socket { client, .. } => Ok(client
+            Target::Socket(socket) => Ok(socket
+                .client()
+                .await
                 .checkpoint(session)
                 .await
                 .map_err(kind)?
@@ -294,7 +337,9 @@ impl Target {
                 let session = engine.session(session, None).await.map_err(kind)?;
                 session.restore(Some(id)).await.map(drop).map_err(kind)
             }
-            Target::Socket { client, .. } => client
+            Target::Socket(socket) => socket
+                .client()
+                .await
                 .restore(session, Some(id))
                 .await
                 .map(drop)
@@ -315,7 +360,12 @@ impl Target {
                 let session = engine.session(session, None).await.map_err(kind)?;
                 session.close().await.map_err(kind)
             }
-            Target::Socket { client, .. } => client.close(session, false).await.map_err(kind),
+            Target::Socket(socket) => socket
+                .client()
+                .await
+                .close(session, false)
+                .await
+                .map_err(kind),
             Target::Http(http) => http
                 .request::<Value>("DELETE", &format!("/v1/sessions/{session}"), None)
                 .await
@@ -330,7 +380,9 @@ impl Target {
                 let session = engine.session(session, None).await.map_err(kind)?;
                 Ok(session.info().await.map_err(kind)?.pid)
             }
-            Target::Socket { client, .. } => Ok(client.info(session).await.map_err(kind)?.pid),
+            Target::Socket(socket) => {
+                Ok(socket.client().await.info(session).await.map_err(kind)?.pid)
+            }
             Target::Http(http) => {
                 let info: Value = http.get(&format!("/v1/sessions/{session}")).await?;
                 Ok(info["pid"].as_u64().and_then(|pid| u32::try_from(pid).ok()))
@@ -345,7 +397,8 @@ impl Target {
                 let stats = engine.stats().await.map_err(kind)?;
                 (stats.pool, stats.crashes, stats.restores)
             }
-            Target::Socket { client, .. } => {
+            Target::Socket(socket) => {
+                let client = socket.client().await;
                 let stats = client.stats().await.map_err(kind)?;
                 (stats.pool, stats.crashes, stats.restores)
             }
@@ -367,8 +420,8 @@ impl Target {
     pub async fn engine_pid(&self) -> Option<u32> {
         match self {
             Target::Embedded { .. } => Some(std::process::id()),
-            Target::Socket { path, .. } => {
-                let stream = tokio::net::UnixStream::connect(path).await.ok()?;
+            Target::Socket(socket) => {
+                let stream = tokio::net::UnixStream::connect(&socket.path).await.ok()?;
                 let pid = stream.peer_cred().ok()?.pid()?;
                 u32::try_from(pid).ok()
             }
@@ -376,10 +429,66 @@ impl Target {
         }
     }
 
+    /// Whether the harness runs the daemon, so it can kill and restart it.
+    pub fn restartable(&self) -> bool {
+        matches!(
+            self,
+            Target::Socket(Socket {
+                daemon: Some(_),
+                ..
+            })
+        )
+    }
+
+    /// SIGKILLs the daemon the harness runs, starts it again on the same state, and creates
+    /// each of `sessions` (names) again, which brings them back from their checkpoints. Calls
+    /// made meanwhile wait for all that (calls in flight at the kill fail). What was done,
+    /// for the fault log.
+    pub async fn kill_and_restart_daemon(&self, sessions: &[String]) -> Result<String, String> {
+        let Target::Socket(
+            socket @ Socket {
+                daemon: Some(daemon),
+                ..
+            },
+        ) = self
+        else {
+            return Err("the harness does not run this target's daemon".into());
+        };
+        socket.restarting.send_replace(true);
+        let began = std::time::Instant::now();
+        let restarted = daemon.kill_and_restart().await;
+        let mut detail = match &restarted {
+            Ok((killed, started, fresh)) => {
+                *socket.client.write().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+                format!(
+                    "SIGKILL to daemon {killed}; daemon {started} answered {:.2} s later",
+                    began.elapsed().as_secs_f64()
+                )
+            }
+            Err(reason) => reason.clone(),
+        };
+        if let Ok((_, _, client)) = &restarted {
+            let mut back = 0;
+            for name in sessions {
+                let params = CreateParams {
+                    name: Some(name.clone()),
+                    ..CreateParams::default()
+                };
+                match client.create_session(params).await {
+                    Ok(_) => back += 1,
+                    Err(err) => detail.push_str(&format!("; {name} not back: {}", kind(err))),
+                }
+            }
+            detail.push_str(&format!("; {back} of {} sessions back", sessions.len()));
+        }
+        socket.restarting.send_replace(false);
+        restarted.map(|_| detail)
+    }
+
     /// The daemon's socket, for faults that open connections of their own.
     pub fn socket_path(&self) -> Option<&Path> {
         match self {
-            Target::Socket { path, .. } => Some(path),
+            Target::Socket(socket) => Some(&socket.path),
             _ => None,
         }
     }
