@@ -7,7 +7,8 @@
 //! and ones held by sessions. Spawns run on the engine's arbiter threads, never in the pool's
 //! own handlers, so an acquire or a stats request is answered while workers start. Waiting
 //! acquires are served first come, first served, and fail with [`PoolError::Exhausted`] after
-//! `acquire_timeout`. Idle workers older than `idle_ttl` are ended down to `min_idle`.
+//! `acquire_timeout`. Idle workers older than `idle_ttl` are ended down to `min_idle`, on a
+//! timer and at once when [`Resize`] changes the bounds.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -349,6 +350,7 @@ impl PoolActor {
             idle: self.idle.len(),
             active: self.active,
             warming: self.spawns,
+            waiting: self.waiters.len(),
             max_total: self.config.max_total,
             hits: self.hits,
             misses: self.misses,
@@ -458,7 +460,8 @@ impl Handler<Resize> for PoolActor {
         while self.idle.len() > keep {
             self.idle.pop_front();
         }
-        self.dispatch(ctx);
+        // Idle workers already past the new ttl end at once, down to the new min_idle.
+        self.reap(ctx);
     }
 }
 

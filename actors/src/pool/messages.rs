@@ -96,6 +96,8 @@ pub struct PoolStats {
     pub active: usize,
     /// Workers being started.
     pub warming: usize,
+    /// Acquires waiting for a worker to start or for room under `max_total`.
+    pub waiting: usize,
     pub max_total: usize,
     /// Acquires answered at once from an idle worker.
     pub hits: u64,
