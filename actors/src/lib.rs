@@ -1,6 +1,6 @@
 //! The actors of pyvisor and the worker-process plumbing they share.
 //!
-//! [`session::SessionActor`] owns one Python worker; [`supervisor::Supervisor`] owns every
+//! [`session::SessionActor`] owns one Python worker; [`supervisor::RegistryActor`] owns every
 //! session and the arbiter threads they run on. Nothing here knows about HTTP, JSON-RPC, the
 //! CLI or config files: the `pyvisor` crate builds those on top.
 

@@ -1,6 +1,6 @@
 //! The PoolActor: ready workers, handed out to new sessions without waiting for a spawn.
 //!
-//! The Supervisor sends it [`Acquire`] for every new session and [`Release`] when a session
+//! The RegistryActor sends it [`Acquire`] for every new session and [`Release`] when a session
 //! ends; a session whose worker died sends [`Acquire`] with [`Slot::Held`] for a replacement.
 //! The pool keeps `min_idle..max_idle` ready workers (handshake done, preload modules
 //! imported) and never more than `max_total` processes, counting idle ones, ones starting

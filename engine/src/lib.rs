@@ -16,15 +16,19 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "client")]
 pub mod client;
 pub mod config;
 mod engine;
 pub mod errors;
 mod http_client;
+#[cfg(feature = "cli")]
 pub mod loadtest;
 mod memory;
+#[cfg(any(feature = "server", feature = "client"))]
 pub mod rpc;
 mod scratch;
+#[cfg(feature = "server")]
 pub mod server;
 mod session;
 mod state_lock;
