@@ -357,9 +357,11 @@ impl Handler<CreateSession> for RegistryActor {
             return Box::pin(fut::ready(Err(err)));
         }
         let spec = self.custom_spec(&options);
+        // Any arbiter: the session is started on the lease's.
         let acquire = self.pool().send(Acquire {
             spec: spec.clone(),
             slot: Slot::New,
+            arbiter: None,
         });
         let on_disk = left_on_disk(self.store(), options.owner.clone(), options.name.clone());
         let looked_up = async move {
