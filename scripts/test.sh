@@ -35,6 +35,8 @@ export PATH
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# The embedding API alone: no server, client or CLI (no actix-web, clap, rustyline).
+cargo clippy -p pyvisor --no-default-features --quiet -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --quiet 2>&1 | tee "$log"

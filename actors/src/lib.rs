@@ -1,8 +1,28 @@
 //! The actors of pyvisor and the worker-process plumbing they share.
 //!
-//! [`session::SessionActor`] owns one Python worker; [`supervisor::Supervisor`] owns every
+//! [`session::SessionActor`] owns one Python worker; [`supervisor::RegistryActor`] owns every
 //! session and the arbiter threads they run on. Nothing here knows about HTTP, JSON-RPC, the
 //! CLI or config files: the `pyvisor` crate builds those on top.
+//!
+//! # Where things run
+//!
+//! - The engine's actix `System` thread runs the [`supervisor::RegistryActor`], the
+//!   [`pool::PoolActor`] and the proactive [`proactive::cache`] and predictor actors.
+//! - `N` arbiter threads, owned by the RegistryActor, run the [`session::SessionActor`]s and,
+//!   beside each, its worker's I/O: the pump task ([`worker`]'s `pump`, fds 4, 1 and 2 → a
+//!   bounded channel the actor reads as a stream) and the writer's backlog task (fd 3). The
+//!   pool starts each worker with `Worker::start` on an arbiter (its own workers in turn, a
+//!   replacement on the session's arbiter, [`pool::Acquire::arbiter`]), and that arbiter is
+//!   where the worker's tasks live; the RegistryActor starts a new session on its lease's arbiter.
+//!   A session and its worker therefore share a thread, and an execute needs no thread switch
+//!   between the actor and the pipes.
+//! - Blocking work (checkpoint store reads and writes) goes to tokio's blocking pool of the
+//!   arbiter; the zygote and the memory writer have threads of their own.
+//!
+//! One execute: the caller's `Execute` reaches the session's mailbox; the actor writes the
+//! frame to fd 3; the worker's reader thread queues it for its main thread, which runs the
+//! code and writes the result to fd 4; the pump reads it and hands it to the actor, which
+//! sends the result on the caller's channel. The `pyvisor` crate's lib.rs draws this map.
 
 pub mod checkpoint;
 pub mod errors;

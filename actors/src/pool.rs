@@ -1,13 +1,16 @@
 //! The PoolActor: ready workers, handed out to new sessions without waiting for a spawn.
 //!
-//! The Supervisor sends it [`Acquire`] for every new session and [`Release`] when a session
+//! The RegistryActor sends it [`Acquire`] for every new session and [`Release`] when a session
 //! ends; a session whose worker died sends [`Acquire`] with [`Slot::Held`] for a replacement.
 //! The pool keeps `min_idle..max_idle` ready workers (handshake done, preload modules
 //! imported) and never more than `max_total` processes, counting idle ones, ones starting
 //! and ones held by sessions. Spawns run on the engine's arbiter threads, never in the pool's
-//! own handlers, so an acquire or a stats request is answered while workers start. Waiting
+//! own handlers, so an acquire or a stats request is answered while workers start: in turn
+//! for the pool's own workers, and on the session's arbiter for a replacement, so that a
+//! session and its worker's pipes always share a thread. Waiting
 //! acquires are served first come, first served, and fail with [`PoolError::Exhausted`] after
-//! `acquire_timeout`. Idle workers older than `idle_ttl` are ended down to `min_idle`.
+//! `acquire_timeout`. Idle workers older than `idle_ttl` are ended down to `min_idle`, on a
+//! timer and at once when [`Resize`] changes the bounds.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -45,16 +48,26 @@ struct Waiter {
     id: u64,
     spec: Option<Box<WorkerSpec>>,
     slot: Slot,
+    /// The arbiter its worker must be spawned on ([`Acquire::arbiter`]).
+    arbiter: Option<ArbiterHandle>,
     reply: oneshot::Sender<Result<Lease, PoolError>>,
     since: Instant,
     /// Whether a spawn was started on this waiter's behalf.
     spawning: bool,
 }
 
+impl Waiter {
+    /// Whether an idle worker serves it: it wants the pool's own kind, on any arbiter.
+    fn takes_idle(&self) -> bool {
+        self.spec.is_none() && self.arbiter.is_none()
+    }
+}
+
 /// Why a spawn was started, which decides where its worker goes.
 #[derive(Debug, Clone, Copy)]
 struct SpawnPurpose {
-    /// The waiter a custom worker is for; `None` for a worker of the pool's own kind.
+    /// The waiter a custom or pinned worker is for; `None` for a worker of the pool's own
+    /// kind on any arbiter, which goes to the first waiter that wants one.
     custom_for: Option<u64>,
     /// Whether the spawn counts under `max_total` (a [`Slot::Held`] replacement does not).
     counted: bool,
@@ -140,7 +153,7 @@ impl PoolActor {
             if waiter.spawning || (waiter.slot == Slot::New && new_blocked) {
                 continue;
             }
-            let custom_for = waiter.spec.as_ref().map(|_| waiter.id);
+            let custom_for = (!waiter.takes_idle()).then_some(waiter.id);
             let counted = waiter.slot == Slot::New;
             if counted && !self.has_room() {
                 // Room for a custom worker can be made by ending an idle one of ours.
@@ -152,9 +165,11 @@ impl PoolActor {
                 }
             }
             let spec = self.waiters[index].spec.as_deref().cloned();
+            let arbiter = self.waiters[index].arbiter.clone();
             self.waiters[index].spawning = true;
             self.spawn(
                 spec,
+                arbiter,
                 SpawnPurpose {
                     custom_for,
                     counted,
@@ -165,9 +180,10 @@ impl PoolActor {
         self.refill(ctx);
     }
 
-    /// Gives idle workers to the waiters that want the pool's own kind, oldest waiter first.
+    /// Gives idle workers to the waiters that want the pool's own kind on any arbiter, oldest
+    /// waiter first.
     fn serve_waiters_from_idle(&mut self) {
-        while let Some(index) = self.waiters.iter().position(|w| w.spec.is_none()) {
+        while let Some(index) = self.waiters.iter().position(Waiter::takes_idle) {
             let Some(idle) = self.take_idle() else { return };
             let waiter = self.waiters.remove(index).expect("index from position");
             self.serve(waiter, idle.worker, idle.arbiter, false);
@@ -185,10 +201,11 @@ impl PoolActor {
             }
             self.refill_paused_until = None;
         }
-        let wanting = self.waiters.iter().filter(|w| w.spec.is_none()).count();
+        let wanting = self.waiters.iter().filter(|w| w.takes_idle()).count();
         let mut coming = self.idle.len() + self.default_spawns.saturating_sub(wanting);
         while coming < self.config.min_idle.min(self.config.max_idle) && self.has_room() {
             self.spawn(
+                None,
                 None,
                 SpawnPurpose {
                     custom_for: None,
@@ -200,12 +217,21 @@ impl PoolActor {
         }
     }
 
-    /// Starts a worker on the next arbiter; its outcome comes back to [`Self::spawned`].
-    fn spawn(&mut self, spec: Option<WorkerSpec>, purpose: SpawnPurpose, ctx: &mut Context<Self>) {
-        let is_default = spec.is_none();
+    /// Starts a worker on `arbiter`, else on the next one in turn; its outcome comes back to
+    /// [`Self::spawned`].
+    fn spawn(
+        &mut self,
+        spec: Option<WorkerSpec>,
+        arbiter: Option<ArbiterHandle>,
+        purpose: SpawnPurpose,
+        ctx: &mut Context<Self>,
+    ) {
+        let is_default = spec.is_none() && purpose.custom_for.is_none();
         let spec = spec.unwrap_or_else(|| self.spec.clone());
-        let arbiter = self.arbiters[self.next_arbiter % self.arbiters.len()].clone();
-        self.next_arbiter += 1;
+        let arbiter = arbiter.unwrap_or_else(|| {
+            self.next_arbiter += 1;
+            self.arbiters[(self.next_arbiter - 1) % self.arbiters.len()].clone()
+        });
         self.spawns += 1;
         if purpose.counted {
             self.counted_spawns += 1;
@@ -255,7 +281,7 @@ impl PoolActor {
         }
         let position = match purpose.custom_for {
             Some(id) => self.waiters.iter().position(|w| w.id == id),
-            None => self.waiters.iter().position(|w| w.spec.is_none()),
+            None => self.waiters.iter().position(Waiter::takes_idle),
         };
         if let Some(index) = position {
             let waiter = self.waiters.remove(index).expect("index from position");
@@ -282,7 +308,7 @@ impl PoolActor {
             None => self
                 .waiters
                 .iter()
-                .position(|w| w.spec.is_none() && w.spawning),
+                .position(|w| w.takes_idle() && w.spawning),
         };
         if let Some(index) = position {
             let waiter = self.waiters.remove(index).expect("index from position");
@@ -349,6 +375,7 @@ impl PoolActor {
             idle: self.idle.len(),
             active: self.active,
             warming: self.spawns,
+            waiting: self.waiters.len(),
             max_total: self.config.max_total,
             hits: self.hits,
             misses: self.misses,
@@ -395,12 +422,13 @@ impl Handler<Acquire> for PoolActor {
             id: self.next_waiter,
             spec: msg.spec,
             slot: msg.slot,
+            arbiter: msg.arbiter,
             reply,
             since: Instant::now(),
             spawning: false,
         };
-        let first_in_line = !self.waiters.iter().any(|w| w.spec.is_none());
-        if waiter.spec.is_none() && first_in_line {
+        let first_in_line = !self.waiters.iter().any(Waiter::takes_idle);
+        if waiter.takes_idle() && first_in_line {
             if let Some(idle) = self.take_idle() {
                 self.serve(waiter, idle.worker, idle.arbiter, true);
                 // The caller's next step is to run code on the worker it got: keep the
@@ -458,7 +486,8 @@ impl Handler<Resize> for PoolActor {
         while self.idle.len() > keep {
             self.idle.pop_front();
         }
-        self.dispatch(ctx);
+        // Idle workers already past the new ttl end at once, down to the new min_idle.
+        self.reap(ctx);
     }
 }
 

@@ -215,9 +215,12 @@ impl SessionActor {
     /// Asks the pool for a replacement worker; requests keep queueing meanwhile.
     fn replace_worker(&mut self, ctx: &mut Context<Self>) {
         self.state = State::Restarting;
+        // Spawned on this session's arbiter: the worker's pipes are served on the thread
+        // that runs the session, as they were for the worker it replaces.
         let acquire = self.setup.pool.send(Acquire {
             spec: self.setup.spec.clone(),
             slot: Slot::Held,
+            arbiter: Some(Arbiter::current()),
         });
         ctx.spawn(acquire.into_actor(self).map(|outcome, act, ctx| {
             let reason = match outcome {

@@ -1,4 +1,4 @@
-//! The Supervisor: the root actor of an engine, owning the pool and every session.
+//! The RegistryActor: the root actor of an engine, owning the pool and every session.
 //!
 //! The engine sends it [`CreateSession`], [`FindSession`], [`ListSessions`], [`GetStats`],
 //! [`Resize`] and [`StopAll`]; sessions tell it when they close ([`SessionEvent::Closed`]). It keeps the registry of live
@@ -41,7 +41,7 @@ pub use messages::{
 use registry::Registry;
 
 /// The root actor of an engine.
-pub struct Supervisor {
+pub struct RegistryActor {
     config: SupervisorConfig,
     arbiters: Vec<Arbiter>,
     pool: Option<Addr<PoolActor>>,
@@ -60,7 +60,7 @@ pub struct Supervisor {
     stopping: bool,
 }
 
-impl Supervisor {
+impl RegistryActor {
     /// Counts a session being created for `owner` against its quota, or refuses it.
     fn count_against_quota(&mut self, owner: Option<&str>) -> Result<(), SupervisorError> {
         let (Some(owner), Some(limit)) = (owner, self.config.quotas.max_sessions_per_owner) else {
@@ -284,7 +284,7 @@ fn session_id_prefix() -> String {
     )
 }
 
-impl Actor for Supervisor {
+impl Actor for RegistryActor {
     type Context = Context<Self>;
 
     fn started(&mut self, _: &mut Context<Self>) {
@@ -318,7 +318,7 @@ impl Actor for Supervisor {
     }
 }
 
-impl Handler<CreateSession> for Supervisor {
+impl Handler<CreateSession> for RegistryActor {
     type Result = ResponseActFuture<Self, Result<SessionHandle, SupervisorError>>;
 
     fn handle(&mut self, msg: CreateSession, ctx: &mut Context<Self>) -> Self::Result {
@@ -357,9 +357,11 @@ impl Handler<CreateSession> for Supervisor {
             return Box::pin(fut::ready(Err(err)));
         }
         let spec = self.custom_spec(&options);
+        // Any arbiter: the session is started on the lease's.
         let acquire = self.pool().send(Acquire {
             spec: spec.clone(),
             slot: Slot::New,
+            arbiter: None,
         });
         let on_disk = left_on_disk(self.store(), options.owner.clone(), options.name.clone());
         let looked_up = async move {
@@ -387,7 +389,7 @@ impl Handler<CreateSession> for Supervisor {
     }
 }
 
-impl Handler<FindSession> for Supervisor {
+impl Handler<FindSession> for RegistryActor {
     type Result = ResponseFuture<Result<SessionHandle, SupervisorError>>;
 
     /// A live session, or a named one an earlier engine left on disk (created and restored
@@ -419,7 +421,7 @@ impl Handler<FindSession> for Supervisor {
     }
 }
 
-impl Handler<ListSessions> for Supervisor {
+impl Handler<ListSessions> for RegistryActor {
     type Result = Vec<SessionHandle>;
 
     fn handle(&mut self, msg: ListSessions, _: &mut Context<Self>) -> Self::Result {
@@ -427,7 +429,7 @@ impl Handler<ListSessions> for Supervisor {
     }
 }
 
-impl Handler<GetStats> for Supervisor {
+impl Handler<GetStats> for RegistryActor {
     type Result = ResponseActFuture<Self, Result<messages::SupervisorStats, SupervisorError>>;
 
     fn handle(&mut self, _: GetStats, _: &mut Context<Self>) -> Self::Result {
@@ -442,7 +444,7 @@ impl Handler<GetStats> for Supervisor {
 }
 
 /// New pool sizes, passed on to the pool.
-impl Handler<Resize> for Supervisor {
+impl Handler<Resize> for RegistryActor {
     type Result = ();
 
     fn handle(&mut self, msg: Resize, _: &mut Context<Self>) {
@@ -451,7 +453,7 @@ impl Handler<Resize> for Supervisor {
     }
 }
 
-impl Handler<SessionEvent> for Supervisor {
+impl Handler<SessionEvent> for RegistryActor {
     type Result = ();
 
     fn handle(&mut self, event: SessionEvent, _: &mut Context<Self>) {
@@ -463,7 +465,7 @@ impl Handler<SessionEvent> for Supervisor {
     }
 }
 
-impl Handler<StopAll> for Supervisor {
+impl Handler<StopAll> for RegistryActor {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, msg: StopAll, _: &mut Context<Self>) -> Self::Result {

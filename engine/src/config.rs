@@ -1,10 +1,14 @@
 //! Settings of an embedded engine, with the defaults of docs/config.md; the daemon's TOML
 //! configuration is read in [`file`] and mapped onto them in [`resolve`].
 
+#[cfg(feature = "server")]
 mod file;
+#[cfg(feature = "server")]
 mod resolve;
 
+#[cfg(feature = "server")]
 pub use file::LimitCeilings;
+#[cfg(feature = "server")]
 pub use resolve::http_addr;
 
 use std::ops::RangeInclusive;
@@ -21,6 +25,7 @@ use pyvisor_actors::supervisor::Quotas;
 use pyvisor_actors::SessionLimits;
 use pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES;
 
+#[cfg(feature = "server")]
 pub use file::{
     EngineSettings, LimitSettings, LoadContext, Loaded, MemorySettings, Origin, PoolSettings,
     ProactiveSettings, SandboxSettings, ServerSettings, Settings, StateSettings, TokenSettings,

@@ -1,7 +1,7 @@
 //! The [`Engine`] handle and the thread that runs its actor system.
 //!
 //! `Engine::start` resolves the interpreter, installs the worker package and starts an actix
-//! system on a thread the engine owns; the handle only holds the Supervisor's address, so it
+//! system on a thread the engine owns; the handle only holds the RegistryActor's address, so it
 //! is `Clone + Send + Sync` and usable from any async runtime. When the last handle is
 //! dropped, the thread ends every worker, stops the system, and is joined.
 
@@ -24,7 +24,7 @@ use pyvisor_actors::proactive::predictor::PredictorConfig;
 use pyvisor_actors::proactive::stats::{ProactiveCounters, ProactiveStats};
 use pyvisor_actors::supervisor::{
     CreateSession, FindSession, GetStats, Interpreter, ListSessions, ProactiveOptions,
-    SessionOptions, StateOptions, StopAll, Supervisor, SupervisorConfig,
+    RegistryActor, SessionOptions, StateOptions, StopAll, SupervisorConfig,
 };
 use pyvisor_actors::worker::{
     install_worker_package, landlock_abi, probe_uid, resolve_interpreter, seccomp_available,
@@ -63,7 +63,7 @@ pub struct EngineStats {
 }
 
 struct EngineInner {
-    supervisor: Addr<Supervisor>,
+    supervisor: Addr<RegistryActor>,
     /// The installed worker package, for interpreters other than the engine's.
     worker_package: PathBuf,
     counters: Arc<EngineCounters>,
@@ -207,7 +207,7 @@ impl Engine {
 }
 
 /// What the engine thread hands the [`Engine`] once it runs.
-type Started = (Addr<Supervisor>, PathBuf, Option<Arc<Memory>>);
+type Started = (Addr<RegistryActor>, PathBuf, Option<Arc<Memory>>);
 
 /// Body of the engine thread: start the system, serve until shutdown, end every worker.
 fn run_system(
@@ -229,7 +229,7 @@ fn run_system(
     let system = System::new();
     let handed = memory.clone();
     system.block_on(async move {
-        let supervisor = Supervisor::new(supervisor_config).start();
+        let supervisor = RegistryActor::new(supervisor_config).start();
         if ready
             .send(Ok((supervisor.clone(), worker_package, handed)))
             .is_err()

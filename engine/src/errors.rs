@@ -1,10 +1,13 @@
-//! Errors of the embedding API, and their mapping to `pyvisor exec` exit codes.
+//! Errors of the embedding API, and (with the `server` and `client` features) of the
+//! configuration, the daemon and the client.
 
+#[cfg(feature = "server")]
 use std::path::PathBuf;
 
 use pyvisor_actors::{SessionError, SpawnError, SupervisorError};
 use thiserror::Error;
 
+#[cfg(feature = "server")]
 use crate::config::Origin;
 
 /// Why an engine call failed.
@@ -41,6 +44,7 @@ impl From<actix::MailboxError> for EngineError {
 }
 
 /// Why the configuration could not be loaded; every variant names the file or variable.
+#[cfg(feature = "server")]
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -73,6 +77,7 @@ pub enum ConfigError {
 }
 
 /// Why `pyvisor serve` could not run.
+#[cfg(feature = "server")]
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ServeError {
@@ -100,6 +105,7 @@ pub enum ServeError {
 }
 
 /// Why a [`crate::client::Client`] call failed.
+#[cfg(feature = "client")]
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ClientError {

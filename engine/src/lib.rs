@@ -15,16 +15,71 @@
 //! assert_eq!(result.result.unwrap().repr, "42");
 //! # Ok(()) }
 //! ```
+//!
+//! # A map of the runtimes
+//!
+//! Which thread runs each step of one `session.run("x = 1")`, and which channel connects
+//! the steps. Names in `quotes` are thread names, as `top -H` or a debugger shows them.
+//!
+//! ```text
+//!  caller's runtime              engine process                      worker process
+//!  (any thread)             ┌───────────────────────────┐        ┌─────────────────────┐
+//!  Session::run ──Execute──▶│ arbiter N: SessionActor   │─fd 3──▶│ reader thread       │
+//!   (actix mailbox)         │  writes the frame at once │        │  └─queue─▶ main     │
+//!                           │                           │        │     thread runs the │
+//!  awaits the result ◀──────│ arbiter N: pump task      │◀─fd 4──│     code; prints on │
+//!   (tokio unbounded mpsc)  │  └─mpsc─▶ SessionActor    │◀─fd 1,2│     fds 1 and 2     │
+//!                           └───────────────────────────┘        └─────────────────────┘
+//! ```
+//!
+//! 1. The caller's task (on whatever runtime the embedder runs; in the daemon, a thread of
+//!    the `tokio` runtime that `main` builds) sends `Execute` to the session's actor: an actix
+//!    mailbox, and a tokio unbounded channel handed along for the events.
+//! 2. The session's [`SessionActor`](pyvisor_actors::session::SessionActor) runs on one of the
+//!    engine's arbiter threads (`actix-rt|system:0|arbiter:N`, `engine.arbiters` of them). It
+//!    encodes the request and writes it straight into the worker's fd 3; only what the pipe
+//!    cannot take at once goes to a writer task on the same arbiter.
+//! 3. In the worker, a reader thread takes every frame off fd 3 (and serves interrupts and
+//!    `input()` answers at once); requests to run code go by a queue to the main thread, which
+//!    runs them one at a time and writes the result frame to fd 4.
+//! 4. The worker's pump, a tokio task on the **same arbiter** as its session, reads fd 4 and
+//!    the output pipes (fds 1 and 2) and hands the session ordered events on a bounded tokio
+//!    channel, which the actor consumes as a stream: no thread switch between them.
+//! 5. The session sends the output and the result on the caller's channel: the caller's task
+//!    wakes on its own thread.
+//!
+//! So an execute crosses two threads in the host (the caller's and the session's arbiter) and
+//! two in the worker. A worker and its session always share an arbiter: a new session is
+//! started on the arbiter its worker was spawned on, and a replacement for a dead worker is
+//! spawned on the session's arbiter.
+//!
+//! The other threads:
+//! - `pyvisor-engine` runs the actix `System` of the [`Engine`]: the RegistryActor (the registry
+//!   of sessions), the pool (which starts workers on the arbiters, in turn), the proactive
+//!   cache and predictor. Session creation and `engine.stats` pass through it; executions
+//!   do not.
+//! - `pyvisor-zygote` forks preloaded workers on request; `pyvisor-memory` writes outcomes
+//!   to the memory store; `pyvisor-blob-zstd` and `pyvisor-blob-gc` compress and collect
+//!   checkpoint blobs; tokio's blocking pool of each arbiter reads and writes checkpoints.
+//! - A janitor process (Python) kills the workers' process groups if the engine dies.
+//! - The daemon (`pyvisor serve`): the `tokio` runtime of `main` serves the Unix socket and
+//!   stdio connections, one task per connection and one per request in flight; with `--http`,
+//!   `pyvisor-http` runs actix-web's own `System`, and `pyvisor-metrics` keeps the Prometheus
+//!   histograms trimmed.
 
+#[cfg(feature = "client")]
 pub mod client;
 pub mod config;
 mod engine;
 pub mod errors;
 mod http_client;
+#[cfg(feature = "cli")]
 pub mod loadtest;
 mod memory;
+#[cfg(any(feature = "server", feature = "client"))]
 pub mod rpc;
 mod scratch;
+#[cfg(feature = "server")]
 pub mod server;
 mod session;
 mod state_lock;

@@ -87,7 +87,8 @@ impl From<MemoryError> for EngineError {
     }
 }
 
-/// Parses an insight (`i-N`) or outcome (`m-N`) id.
+/// Parses an insight (`i-N`) or outcome (`m-N`) id, as JSON-RPC names them.
+#[cfg(feature = "server")]
 pub fn parse_feedback_target(id: &str) -> Option<FeedbackTarget> {
     let number = |digits: &str| digits.parse::<i64>().ok().filter(|n| *n > 0);
     if let Some(digits) = id.strip_prefix("i-") {

@@ -3,12 +3,12 @@
 //! integration.
 
 mod connection;
-pub mod daemon;
 pub mod http;
+pub mod lifecycle;
 mod stdio;
 pub mod systemd;
 mod unix;
 
-pub use daemon::{serve, HttpListen, Listen, Reload, Reloader, ServeOptions};
 pub use http::{HttpAccess, OwnerToken};
+pub use lifecycle::{serve, HttpListen, Listen, Reload, Reloader, ServeOptions};
 pub use unix::{SocketAccess, UnixServer};

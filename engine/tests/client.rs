@@ -396,14 +396,21 @@ async fn losing_the_connection_fails_pending_calls_with_closed() {
         ))
         .await
         .unwrap();
+    let plain_session = new_session(&client).await;
     let plain = tokio::spawn({
         let client = client.clone();
-        let session = new_session(&client).await;
+        let session = plain_session.clone();
         async move { client.execute(ExecuteParams::new(session, long)).await }
     });
-    // Both are running once the streaming one has printed and the plain one has had time.
+    // Both are running once the streaming one has printed and the plain one's session is busy.
     wait_for_output(&mut streaming, "started\n").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while client.info(&plain_session).await.unwrap().state != "busy" {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the plain execution starts");
     daemon.child.kill().unwrap();
     daemon.child.wait().unwrap();
 

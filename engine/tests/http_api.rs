@@ -236,9 +236,9 @@ async fn interrupt_from_a_second_request_stops_a_sleep() {
         .send_json(&json!({"code": "import time\ntime.sleep(30)"}));
     let running = actix_rt::spawn(async move { read(execute.await).await });
 
-    // Interrupt once the sleep is under way; an interrupt before it would find nothing.
+    // Interrupt once the session runs it: the interrupt frame names the execution, so it
+    // stops it whether the worker has started the code yet or not.
     wait_until_busy(&server, &id).await;
-    actix_rt::time::sleep(Duration::from_millis(300)).await;
     let (status, interrupted) = server
         .post(&format!("/v1/sessions/{id}/interrupt"), json!({}))
         .await;

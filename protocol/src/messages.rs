@@ -266,6 +266,12 @@ pub enum WorkerMessage {
         /// `None` when it was started without a sandbox plan.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sandbox: Option<SandboxApplied>,
+        /// The optional requests and messages this worker serves beyond `execute`,
+        /// `interrupt`, `input_reply` and `shutdown` (`"speculate"`, `"facts"`, ...), so a host
+        /// can tell what it may send without both sides moving in lockstep; empty from a worker
+        /// that predates the list.
+        #[serde(default)]
+        capabilities: Vec<String>,
     },
     /// User code called `input()` or `getpass.getpass()`.
     InputRequest {
@@ -356,6 +362,11 @@ pub enum WorkerMessage {
     /// The completions of the complete request `id`: each replaces the word before the
     /// cursor (the run of identifier characters and dots that ends there).
     CompleteDone { id: String, matches: Vec<String> },
+    /// A message kind this host does not know, from a newer worker. The host never sends it;
+    /// the pump drops it with a warning rather than take the stream for corrupt. A kind it
+    /// knows with fields it cannot read is still an error.
+    #[serde(other, skip_serializing)]
+    Unknown,
 }
 
 /// A name a checkpoint could not save, or a restore could not bring back.

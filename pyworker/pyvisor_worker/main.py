@@ -80,6 +80,7 @@ def main(preload=()):
         "pid": os.getpid(),
         "python_version": sys.version.split()[0],
         "executable": sys.executable,
+        "capabilities": list(protocol.CAPABILITIES),
         **({"sandbox": sandbox.applied} if sandbox.applied is not None else {}),
     })
     _serve()

@@ -45,7 +45,14 @@ and messages of unknown types, are ignored.
 Worker -> host:
 
     {"type": "hello", "protocol": 1, "pid": 1234, "python_version": "3.11.7",
-     "executable": "/usr/bin/python3"}                          once, when ready for requests
+     "executable": "/usr/bin/python3", "capabilities": ["checkpoint", ...]}
+                                                                once, when ready for requests
+
+"capabilities" (``CAPABILITIES``) names the requests this worker serves beyond execute,
+interrupt, input_reply and shutdown ("facts" being the flag of an execute): the host sends an
+optional request only to a worker that announced it, and drops a message kind it does not know
+with a warning, so a newer worker or host works with an older other side. A new request or
+message kind comes with a new capability, not a new protocol version.
     {"type": "input_request", "id": "e-1", "prompt": "Name: ", "password": false}
     {"type": "display", "id": "e-1", "mime": "image/png", "data": "<base64>"}
     {"type": "result", "id": "e-1", "status": "ok" | "error",
@@ -104,6 +111,8 @@ import threading
 from pyvisor_worker import state
 
 PROTOCOL_VERSION = 1
+# The optional requests served here, announced in the hello (see the module doc).
+CAPABILITIES = ("checkpoint", "restore", "inspect", "complete", "speculate", "adopt", "facts")
 REQUEST_FD = 3
 REPLY_FD = 4
 MAX_FRAME = 32 * 1024 * 1024

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use pyvisor::{
-    AutoCheckpoint, Engine, EngineConfig, Execution, ExecutionEvent, ExecutionResult, Session,
-    StateConfig,
+    AutoCheckpoint, Engine, EngineConfig, ExecuteRequest, Execution, ExecutionEvent,
+    ExecutionResult, Session, StateConfig,
 };
 
 /// An engine with default settings, as an embedder gets it.
@@ -82,6 +82,19 @@ pub async fn kill_and_wait(pid: u32) {
         }
     })
     .await;
+}
+
+/// Starts `request` (whose code must print once it is under way) and waits for that first
+/// output: from then on the execution is running in the worker.
+pub async fn started(session: &Session, request: impl Into<ExecuteRequest>) -> Execution {
+    let mut execution = session
+        .execute(request)
+        .await
+        .expect("the execution starts");
+    match within(execution.next()).await {
+        Some(ExecutionEvent::Output { .. }) => execution,
+        other => panic!("expected output first, got {other:?}"),
+    }
 }
 
 /// Collects every event of `execution`, the final result last.

@@ -3,18 +3,10 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
-use pyvisor::{ExecuteRequest, ExecutionEvent, ExecutionStatus};
-use pyvisor_tests::{eventually_gone, process_gone, process_running, run, session, within};
-
-/// Starts `code` (which must print once it is under way) and waits for that first output.
-async fn started(session: &pyvisor::Session, code: &str) -> pyvisor::Execution {
-    let mut execution = session.execute(code).await.unwrap();
-    match within(execution.next()).await.unwrap() {
-        ExecutionEvent::Output { .. } => execution,
-        other => panic!("expected output first, got {other:?}"),
-    }
-}
+use pyvisor::{ExecuteRequest, ExecutionStatus};
+use pyvisor_tests::{
+    eventually_gone, process_gone, process_running, run, session, started, within,
+};
 
 #[tokio::test]
 async fn interrupt_stops_blocking_sleep() {

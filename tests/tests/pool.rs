@@ -77,11 +77,9 @@ async fn an_acquire_beyond_max_total_waits_for_a_release() {
         let engine = engine.clone();
         async move { engine.create_session(Default::default()).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !waiting.is_finished(),
-        "no room until the first session ends"
-    );
+    // The acquire reaches the pool and waits there: no room until the first session ends.
+    pool_reaches(&engine, |pool| pool.waiting == 1).await;
+    assert!(!waiting.is_finished());
     first.close().await.unwrap();
     let second = within(waiting).await.unwrap().unwrap();
     assert_eq!(run(&second, "1 + 1").await.result.unwrap().repr, "2");
@@ -121,17 +119,17 @@ async fn waiters_get_room_in_the_order_they_asked() {
     let first = engine.create_session(Default::default()).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
-    for label in ["a", "b", "c"] {
-        let engine = engine.clone();
+    for (place, label) in ["a", "b", "c"].into_iter().enumerate() {
+        let asking = engine.clone();
         let order = order.clone();
         waiters.push(tokio::spawn(async move {
-            let session = engine.create_session(Default::default()).await.unwrap();
+            let session = asking.create_session(Default::default()).await.unwrap();
             order.lock().unwrap().push(label);
             // Hold the room a moment, then pass it on.
             session.close().await.unwrap();
         }));
-        // Let each acquire reach the pool before the next one.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Each acquire is waiting in the pool before the next one is made.
+        pool_reaches(&engine, |pool| pool.waiting == place + 1).await;
     }
     first.close().await.unwrap();
     for waiter in waiters {
@@ -158,9 +156,18 @@ async fn idle_workers_past_their_ttl_are_reaped_down_to_min_idle() {
         .await
         .unwrap();
     pool_reaches(&engine, |pool| pool.idle == 1).await;
-    // Reaping stops at min_idle, however long the rest waits.
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(engine.stats().await.unwrap().pool.idle, 1);
+    // Reaping stops at min_idle: a resize reaps at once, and under a ttl of zero the last
+    // worker is past it in that pass, yet kept.
+    engine
+        .resize_pool(PoolConfig {
+            min_idle: 1,
+            idle_ttl: Duration::ZERO,
+            ..PoolConfig::default()
+        })
+        .await
+        .unwrap();
+    let pool = engine.stats().await.unwrap().pool;
+    assert_eq!((pool.idle, pool.warming), (1, 0), "{pool:?}");
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use pyvisor::{
     EngineConfig, EngineError, ExecuteRequest, ExecutionStatus, SessionError, SessionOptions,
     SessionPhase, SupervisorError,
 };
-use pyvisor_tests::{engine, engine_with, manual_checkpoints, process_gone, run, within};
+use pyvisor_tests::{engine, engine_with, manual_checkpoints, process_gone, run, started, within};
 
 fn named(name: &str, owner: Option<&str>) -> SessionOptions {
     SessionOptions {
@@ -150,13 +150,12 @@ async fn shutdown_lets_a_running_execution_finish_within_the_grace_period() {
     let engine = engine().await;
     let session = engine.create_session(Default::default()).await.unwrap();
     let pid = session.pid().unwrap();
-    let running = session
-        .execute("import time\ntime.sleep(0.5)\n'finished'")
-        .await
-        .unwrap();
+    let running = started(
+        &session,
+        "import time\nprint('started', flush=True)\ntime.sleep(0.5)\n'finished'",
+    )
+    .await;
     let queued = session.execute("'never runs'").await.unwrap();
-    // Let the first execution start before the stop begins.
-    tokio::time::sleep(Duration::from_millis(100)).await;
     within(engine.shutdown(Duration::from_secs(20)))
         .await
         .unwrap();
@@ -183,13 +182,12 @@ async fn shutdown_ends_executions_that_outlast_the_grace_period() {
     let engine = engine().await;
     let session = engine.create_session(Default::default()).await.unwrap();
     let pid = session.pid().unwrap();
-    let running = session
-        .execute(
-            ExecuteRequest::new("import time\ntime.sleep(600)").timeout(Duration::from_secs(900)),
-        )
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let running = started(
+        &session,
+        ExecuteRequest::new("import time\nprint('started', flush=True)\ntime.sleep(600)")
+            .timeout(Duration::from_secs(900)),
+    )
+    .await;
     within(engine.shutdown(Duration::from_millis(200)))
         .await
         .unwrap();
@@ -204,17 +202,26 @@ async fn executions_are_refused_while_the_engine_drains() {
     let engine = engine().await;
     let busy = engine.create_session(Default::default()).await.unwrap();
     let other = engine.create_session(Default::default()).await.unwrap();
-    let running = busy.execute("import time\ntime.sleep(1)").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let running = started(
+        &busy,
+        "import time\nprint('started', flush=True)\ntime.sleep(1)",
+    )
+    .await;
     let stopping = tokio::spawn({
         let engine = engine.clone();
         async move { engine.shutdown(Duration::from_secs(20)).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    match other.run("1").await {
-        Err(EngineError::Session(SessionError::ShuttingDown { .. })) => {}
-        other => panic!("a draining engine must refuse new executions, got {other:?}"),
-    }
+    // Executions run until the drain begins, and are refused from then on.
+    within(async {
+        loop {
+            match other.run("1").await {
+                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                Err(EngineError::Session(SessionError::ShuttingDown { .. })) => return,
+                other => panic!("a draining engine must refuse new executions, got {other:?}"),
+            }
+        }
+    })
+    .await;
     within(stopping).await.unwrap().unwrap();
     assert_eq!(
         within(running.result()).await.unwrap().status,

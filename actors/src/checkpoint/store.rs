@@ -2,7 +2,7 @@
 //! one state directory, with the blobs they share.
 //!
 //! The SessionActor saves through it after a checkpoint request to its worker, and the
-//! Supervisor loads through it when it restarts a session or the engine.
+//! RegistryActor loads through it when it restarts a session or the engine.
 
 use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File};

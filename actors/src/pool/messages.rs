@@ -52,6 +52,11 @@ pub enum Slot {
 pub struct Acquire {
     pub spec: Option<Box<WorkerSpec>>,
     pub slot: Slot,
+    /// The arbiter the worker's pipes must be served on: the asking session's own, for a
+    /// replacement, so that the session and its worker share a thread. Such an acquire is
+    /// served by a spawn on that arbiter, never by an idle worker of another one. `None`: any
+    /// arbiter (the new session is started on the lease's).
+    pub arbiter: Option<ArbiterHandle>,
 }
 
 /// A worker handed out by the pool, with the arbiter its pipes are served on (the session
@@ -96,6 +101,8 @@ pub struct PoolStats {
     pub active: usize,
     /// Workers being started.
     pub warming: usize,
+    /// Acquires waiting for a worker to start or for room under `max_total`.
+    pub waiting: usize,
     pub max_total: usize,
     /// Acquires answered at once from an idle worker.
     pub hits: u64,

@@ -181,7 +181,8 @@ impl Handler<Speculate> for SessionActor {
             return false;
         };
         let behind = proactive.awaited.is_some();
-        if !idle || behind || proactive.flight.is_some() || self.draining.is_some() {
+        let able = worker.info.supports("speculate");
+        if !idle || behind || !able || proactive.flight.is_some() || self.draining.is_some() {
             return false;
         }
         let versions = &proactive.versions;

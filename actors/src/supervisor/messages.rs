@@ -1,4 +1,4 @@
-//! The settings of a [`super::Supervisor`], the messages it accepts and what it answers.
+//! The settings of a [`super::RegistryActor`], the messages it accepts and what it answers.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -6,11 +6,16 @@
 //! flushes before every frame, so everything printed before a `result` or `input_request` is
 //! delivered before it. After the exit it drains the pipes once more, then reports the exit
 //! and ends. A full event channel makes the pump wait, which in turn makes the worker wait.
+//! A well-formed frame of a kind this host does not know (a newer worker's) is dropped with a
+//! warning, at most one per [`UNKNOWN_WARN_INTERVAL`]; only a frame that cannot be read
+//! makes the worker go.
 
 use std::io;
 use std::process::ExitStatus;
+use std::time::{Duration, Instant};
 
-use pyvisor_protocol::{FrameDecoder, WorkerMessage};
+use pyvisor_protocol::{FrameDecoder, FrameError, WorkerMessage};
+use serde::Deserialize;
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
@@ -23,6 +28,8 @@ const READ_CHUNK: usize = 64 * 1024;
 /// before it writes a frame, so at most a pipe buffer is pending; the bound keeps a child
 /// process that writes without pause from starving the frame.
 const DRAIN_LIMIT: usize = 4 * 1024 * 1024;
+/// Least time between two warnings about frames of unknown kinds from one worker.
+const UNKNOWN_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Something the worker process did.
 #[derive(Debug)]
@@ -63,6 +70,7 @@ pub(crate) async fn pump(
         frames_open: true,
         stdout_open: true,
         stderr_open: true,
+        unknown: UnknownKinds::default(),
     };
     let status = loop {
         let step = tokio::select! {
@@ -119,6 +127,62 @@ struct Pump {
     frames_open: bool,
     stdout_open: bool,
     stderr_open: bool,
+    unknown: UnknownKinds,
+}
+
+/// The frames of unknown kinds a worker sent, for rate-limited warnings.
+#[derive(Default)]
+struct UnknownKinds {
+    last_warning: Option<Instant>,
+    /// Frames dropped since the last warning.
+    unwarned: u64,
+}
+
+impl UnknownKinds {
+    /// Counts a dropped frame of kind `kind` and warns unless a warning went out recently.
+    fn dropped(&mut self, kind: &str) {
+        self.unwarned += 1;
+        let now = Instant::now();
+        if self
+            .last_warning
+            .is_some_and(|at| now.duration_since(at) < UNKNOWN_WARN_INTERVAL)
+        {
+            return;
+        }
+        tracing::warn!(
+            kind,
+            dropped = self.unwarned,
+            "the worker sent messages of a kind this host does not know; ignoring them"
+        );
+        self.last_warning = Some(now);
+        self.unwarned = 0;
+    }
+}
+
+/// The kind of a frame, read on its own when the frame's kind is unknown.
+#[derive(Deserialize)]
+struct Kind {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+/// Decodes the next frame: `Ok(None)` when more bytes are needed, `Some(None)` for a frame
+/// of a kind this host does not know (after counting it in `unknown`).
+fn next_message(
+    decoder: &mut FrameDecoder,
+    unknown: &mut UnknownKinds,
+) -> Result<Option<Option<WorkerMessage>>, FrameError> {
+    let Some(payload) = decoder.next_payload()? else {
+        return Ok(None);
+    };
+    match serde_json::from_slice(&payload)? {
+        WorkerMessage::Unknown => {
+            let kind: Kind = serde_json::from_slice(&payload)?;
+            unknown.dropped(&kind.kind);
+            Ok(Some(None))
+        }
+        message => Ok(Some(Some(message))),
+    }
 }
 
 impl Pump {
@@ -153,8 +217,9 @@ impl Pump {
 
     async fn emit_frames(&mut self) -> bool {
         loop {
-            match self.decoder.next_message::<WorkerMessage>() {
-                Ok(Some(message)) => {
+            match next_message(&mut self.decoder, &mut self.unknown) {
+                Ok(Some(None)) => {}
+                Ok(Some(Some(message))) => {
                     if !self.drain_outputs().await {
                         return false;
                     }

@@ -82,6 +82,16 @@ pub struct WorkerInfo {
     pub executable: String,
     /// The confinement the worker reported applying; `None` for an unconfined worker.
     pub sandbox: Option<SandboxApplied>,
+    /// The optional requests the worker announced it serves (`"speculate"`, ...).
+    pub capabilities: Vec<String>,
+}
+
+impl WorkerInfo {
+    /// Whether the worker announced `capability`: a host sends an optional request only to a
+    /// worker that did, so a newer host can drive an older worker.
+    pub fn supports(&self, capability: &str) -> bool {
+        self.capabilities.iter().any(|c| c == capability)
+    }
 }
 
 /// How a worker process came to be.
@@ -499,6 +509,7 @@ async fn wait_for_hello(
                 python_version,
                 executable,
                 sandbox,
+                capabilities,
             }) => {
                 if protocol != PROTOCOL_VERSION {
                     return Err(failure(
@@ -511,6 +522,7 @@ async fn wait_for_hello(
                     python_version,
                     executable,
                     sandbox,
+                    capabilities,
                 });
             }
             WorkerEvent::Output { stream, bytes } => {

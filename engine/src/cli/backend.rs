@@ -279,7 +279,9 @@ impl Backend {
                 client: client.clone(),
                 session_id: session_id.clone(),
             },
-            Backend::Embedded { session, .. } => Completer::Embedded(session.as_ref().clone()),
+            Backend::Embedded { session, .. } => {
+                Completer::Embedded(Box::new(session.as_ref().clone()))
+            }
         }
     }
 
@@ -301,7 +303,7 @@ impl Backend {
 /// Completes names in a [`Backend`]'s session (`session.complete`).
 pub enum Completer {
     Daemon { client: Client, session_id: String },
-    Embedded(Session),
+    Embedded(Box<Session>),
 }
 
 impl Completer {

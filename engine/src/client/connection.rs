@@ -13,16 +13,17 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::execution::{Event, Update};
 use crate::errors::ClientError;
-use crate::rpc::framing::{Frame, LineReader};
+use crate::rpc::framing::{self, Frame};
 use crate::rpc::wire::{self, method, notification, ExecuteParams, ExecutionResult};
 use crate::rpc::{code, RpcError};
 
@@ -480,18 +481,18 @@ async fn read_loop<R: AsyncRead + Unpin>(
     shared: Arc<Mutex<State>>,
     writer: mpsc::UnboundedSender<String>,
 ) {
-    let mut lines = LineReader::new(BufReader::new(reader), MAX_LINE_BYTES);
+    let mut lines = framing::lines(reader, MAX_LINE_BYTES);
     let why = loop {
         match lines.next().await {
-            Ok(Some(Frame::Line(line))) => dispatch(&line, &shared, &writer),
-            Ok(Some(Frame::Oversized)) => {
+            Some(Ok(Frame::Line(line))) => dispatch(&line, &shared, &writer),
+            Some(Ok(Frame::Oversized)) => {
                 // Its call can never be answered; failing everything beats a silent hang.
                 tracing::warn!(limit = MAX_LINE_BYTES, "the server sent an oversized line");
                 let err = io::Error::new(io::ErrorKind::InvalidData, "oversized line");
                 break Ended::Io(err.kind(), err.to_string());
             }
-            Ok(None) => break Ended::Eof,
-            Err(err) => break Ended::Io(err.kind(), err.to_string()),
+            None => break Ended::Eof,
+            Some(Err(err)) => break Ended::Io(err.kind(), err.to_string()),
         }
     };
     lock(&shared).end(why);

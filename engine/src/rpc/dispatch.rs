@@ -33,7 +33,7 @@ pub struct Dispatcher {
     started: Instant,
     stopping: AtomicBool,
     /// Sessions looked up before, by the owner scope and the id or name the client used:
-    /// saves the supervisor a message on every call.
+    /// saves the registry actor a message on every call. (Not the proactive cache.)
     sessions: Mutex<HashMap<(Option<String>, String), Session>>,
 }
 
@@ -469,9 +469,9 @@ impl Dispatcher {
     }
 
     /// The session `key` names (an id or a name) within the caller's scope, from the
-    /// cache or the engine. Another owner's session is unknown, exactly like a missing one.
+    /// handles looked up before or from the engine. Another owner's session is unknown, exactly like a missing one.
     async fn session(&self, at: &Scope<'_>, key: &str) -> Result<Session, RpcError> {
-        let session = match self.cached(&at.owner, key) {
+        let session = match self.looked_up(&at.owner, key) {
             Some(session) => session,
             None => {
                 let session = self.engine.session(key, at.owner.as_deref()).await?;
@@ -489,11 +489,11 @@ impl Dispatcher {
         Ok(session)
     }
 
-    fn cached(&self, owner: &Option<String>, key: &str) -> Option<Session> {
+    fn looked_up(&self, owner: &Option<String>, key: &str) -> Option<Session> {
         let sessions = self
             .sessions
             .lock()
-            .expect("session cache lock is never poisoned");
+            .expect("the session handles lock is never poisoned");
         sessions.get(&(owner.clone(), key.to_owned())).cloned()
     }
 
@@ -501,16 +501,16 @@ impl Dispatcher {
         let mut sessions = self
             .sessions
             .lock()
-            .expect("session cache lock is never poisoned");
+            .expect("the session handles lock is never poisoned");
         sessions.insert((owner.clone(), key.to_owned()), session);
     }
 
-    /// Drops every cache entry of the session `session_id`, whatever key found it.
+    /// Forgets the handle of the session `session_id`, whatever keys found it.
     fn forget(&self, session_id: &str) {
         let mut sessions = self
             .sessions
             .lock()
-            .expect("session cache lock is never poisoned");
+            .expect("the session handles lock is never poisoned");
         sessions.retain(|_, session| session.id() != session_id);
     }
 

@@ -1,10 +1,13 @@
-//! Newline-delimited framing with a size limit: one JSON message per line. A line over the
-//! limit is skipped without being buffered, up to its newline, so the connection stays
-//! usable for the next line.
+//! Newline-delimited framing with a size limit: one JSON message per line, through
+//! tokio-util's delimiter codec. A line over the limit is skipped without being buffered, up
+//! to its newline, and reported as [`Frame::Oversized`] (an item, not an error, because a
+//! framed stream ends at its first error), so the connection stays usable for the next line.
 
 use std::io;
 
-use tokio::io::{AsyncBufRead, AsyncBufReadExt};
+use bytes::BytesMut;
+use tokio::io::AsyncRead;
+use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, Decoder, FramedRead};
 
 /// What the next line of a connection held.
 #[derive(Debug, PartialEq, Eq)]
@@ -15,99 +18,97 @@ pub enum Frame {
     Oversized,
 }
 
-/// Reads size-limited lines from `R`.
-pub struct LineReader<R> {
-    inner: R,
-    limit: usize,
-    line: Vec<u8>,
-    /// Inside an oversized line: bytes are dropped up to its newline.
-    skipping: bool,
-}
-
-impl<R: AsyncBufRead + Unpin> LineReader<R> {
-    /// Reads lines of at most `limit` bytes from `inner`.
-    pub fn new(inner: R, limit: usize) -> Self {
-        Self {
-            inner,
+/// The non-blank lines of `reader`, each of at most `limit` bytes; the stream ends at end of
+/// input (an unterminated last line counts) or at the first read error.
+pub fn lines<R: AsyncRead>(reader: R, limit: usize) -> FramedRead<R, Lines> {
+    FramedRead::new(
+        reader,
+        Lines(AnyDelimiterCodec::new_with_max_length(
+            b"\n".to_vec(),
+            Vec::new(),
             limit,
-            line: Vec::new(),
-            skipping: false,
+        )),
+    )
+}
+
+/// The decoder of [`lines`].
+pub struct Lines(AnyDelimiterCodec);
+
+impl Lines {
+    fn frame(
+        &mut self,
+        chunk: Result<Option<bytes::Bytes>, AnyDelimiterCodecError>,
+    ) -> Option<io::Result<Option<Frame>>> {
+        match chunk {
+            Ok(Some(line)) => {
+                let line = line.strip_suffix(b"\r").unwrap_or(&line);
+                let blank = line.iter().all(u8::is_ascii_whitespace);
+                (!blank).then(|| Ok(Some(Frame::Line(line.to_vec()))))
+            }
+            Ok(None) => Some(Ok(None)),
+            Err(AnyDelimiterCodecError::MaxChunkLengthExceeded) => Some(Ok(Some(Frame::Oversized))),
+            Err(AnyDelimiterCodecError::Io(err)) => Some(Err(err)),
         }
     }
+}
 
-    /// The next non-blank line; `None` at end of input. An unterminated last line counts.
-    pub async fn next(&mut self) -> io::Result<Option<Frame>> {
+impl Decoder for Lines {
+    type Item = Frame;
+    type Error = io::Error;
+
+    fn decode(&mut self, buffer: &mut BytesMut) -> io::Result<Option<Frame>> {
         loop {
-            let chunk = self.inner.fill_buf().await?;
-            if chunk.is_empty() {
-                if self.skipping || self.line.is_empty() {
-                    return Ok(None);
-                }
-                let line = without_cr(std::mem::take(&mut self.line));
-                if is_blank(&line) {
-                    return Ok(None);
-                }
-                return Ok(Some(Frame::Line(line)));
-            }
-            let newline = chunk.iter().position(|&b| b == b'\n');
-            let taken = newline.map_or(chunk.len(), |at| at);
-            let consumed = newline.map_or(chunk.len(), |at| at + 1);
-            if self.skipping {
-                self.inner.consume(consumed);
-                if newline.is_some() {
-                    self.skipping = false;
-                }
-                continue;
-            }
-            if self.line.len() + taken > self.limit {
-                self.line = Vec::new();
-                self.skipping = newline.is_none();
-                self.inner.consume(consumed);
-                return Ok(Some(Frame::Oversized));
-            }
-            self.line.extend_from_slice(&chunk[..taken]);
-            self.inner.consume(consumed);
-            if newline.is_none() {
-                continue;
-            }
-            let line = without_cr(std::mem::take(&mut self.line));
-            if !is_blank(&line) {
-                return Ok(Some(Frame::Line(line)));
+            let chunk = self.0.decode(buffer);
+            if let Some(frame) = self.frame(chunk) {
+                return frame;
             }
         }
     }
-}
 
-fn without_cr(mut line: Vec<u8>) -> Vec<u8> {
-    if line.last() == Some(&b'\r') {
-        line.pop();
+    fn decode_eof(&mut self, buffer: &mut BytesMut) -> io::Result<Option<Frame>> {
+        loop {
+            let chunk = self.0.decode_eof(buffer);
+            if let Some(frame) = self.frame(chunk) {
+                return frame;
+            }
+        }
     }
-    line
-}
-
-fn is_blank(line: &[u8]) -> bool {
-    line.iter().all(u8::is_ascii_whitespace)
 }
 
 #[cfg(test)]
 mod tests {
+    use futures::StreamExt;
     use proptest::prelude::*;
-    use tokio::io::BufReader;
 
     use super::*;
 
+    /// The frames of `input`, read `buffer` bytes at a time.
     fn frames(input: &[u8], limit: usize, buffer: usize) -> Vec<Frame> {
         let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
             .build()
             .expect("a current-thread runtime builds");
         runtime.block_on(async {
-            let mut reader = LineReader::new(BufReader::with_capacity(buffer, input), limit);
+            let mut reader = lines(chunked(input, buffer), limit);
             let mut out = Vec::new();
-            while let Some(frame) = reader.next().await.expect("reading a slice cannot fail") {
-                out.push(frame);
+            while let Some(frame) = reader.next().await {
+                out.push(frame.expect("reading a slice cannot fail"));
             }
             out
         })
+    }
+
+    /// A reader that hands out `input` at most `buffer` bytes per read.
+    fn chunked(input: &[u8], buffer: usize) -> impl AsyncRead + Unpin {
+        let chunks: Vec<io::Result<bytes::Bytes>> = input
+            .chunks(buffer)
+            .map(|chunk| Ok(bytes::Bytes::copy_from_slice(chunk)))
+            .collect();
+        tokio_util::io::StreamReader::new(futures::stream::iter(chunks))
+    }
+
+    fn is_blank(line: &[u8]) -> bool {
+        line.iter().all(u8::is_ascii_whitespace)
     }
 
     fn line(text: &str) -> Frame {

@@ -10,11 +10,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt, BufWriter};
+use futures::StreamExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::rpc::framing::{Frame, LineReader};
+use crate::rpc::framing::{self, Frame};
 use crate::rpc::{self, Caller, Dispatcher, Outbound, OutboundQueue, OUTBOUND_CAPACITY};
 
 /// Requests of one connection running at once; the next line is read when one ends.
@@ -33,12 +34,12 @@ pub async fn serve_connection<R, W>(
     max_request_bytes: usize,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    R: AsyncBufRead + Unpin,
+    R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (out, queue) = Outbound::new(OUTBOUND_CAPACITY);
     let mut writer = tokio::spawn(write_messages(writer, queue));
-    let mut lines = LineReader::new(reader, max_request_bytes);
+    let mut lines = framing::lines(reader, max_request_bytes);
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let mut requests = JoinSet::new();
     let caller = Arc::new(caller);
@@ -56,14 +57,14 @@ pub async fn serve_connection<R, W>(
         // Reap finished request tasks so the set stays small on long connections.
         while requests.try_join_next().is_some() {}
         let line = match frame {
-            Ok(Some(Frame::Line(line))) => line,
-            Ok(Some(Frame::Oversized)) => {
+            Some(Ok(Frame::Line(line))) => line,
+            Some(Ok(Frame::Oversized)) => {
                 if !out.send(rpc::oversized(max_request_bytes)).await {
                     break;
                 }
                 continue;
             }
-            Ok(None) | Err(_) => break,
+            None | Some(Err(_)) => break,
         };
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;

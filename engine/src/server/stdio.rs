@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use tokio::io::BufReader;
 use tokio::sync::watch;
 
 use super::connection::serve_connection;
@@ -21,7 +20,7 @@ pub async fn serve_stdio(
     serve_connection(
         dispatcher,
         Caller::admin(),
-        BufReader::new(tokio::io::stdin()),
+        tokio::io::stdin(),
         tokio::io::stdout(),
         max_request_bytes,
         shutdown,

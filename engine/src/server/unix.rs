@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use nix::sys::stat::{umask, Mode};
 use nix::unistd::{Gid, Uid, User};
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -178,7 +178,7 @@ impl UnixServer {
                 serve_connection(
                     dispatcher,
                     caller,
-                    BufReader::new(reader),
+                    reader,
                     writer,
                     max_request_bytes,
                     shutdown,

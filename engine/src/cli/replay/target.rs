@@ -24,7 +24,7 @@ pub enum Target {
 
 /// A session of the target.
 pub enum Replayed {
-    Embedded(Session),
+    Embedded(Box<Session>),
     Daemon(String),
 }
 
@@ -74,7 +74,7 @@ impl Target {
                     .create_session(options)
                     .await
                     .map_err(|err| format!("create a session: {err}"))?;
-                Ok(Replayed::Embedded(session))
+                Ok(Replayed::Embedded(Box::new(session)))
             }
             Target::Daemon(client) => {
                 let params = CreateParams {
@@ -109,8 +109,7 @@ impl Target {
     /// Closes `session`.
     pub async fn close(&self, session: &Replayed) -> Result<(), String> {
         match (self, session) {
-            (Target::Embedded { .. }, Replayed::Embedded(session)) => session
-                .clone()
+            (Target::Embedded { .. }, Replayed::Embedded(session)) => Session::clone(session)
                 .close()
                 .await
                 .map_err(|err| format!("close: {err}")),
