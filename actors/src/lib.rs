@@ -4,6 +4,7 @@
 //! session and the arbiter threads they run on. Nothing here knows about HTTP, JSON-RPC, the
 //! CLI or config files: the `pyvisor` crate builds those on top.
 
+pub mod bridge;
 pub mod checkpoint;
 pub mod errors;
 pub mod execution;

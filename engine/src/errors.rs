@@ -32,6 +32,9 @@ pub enum EngineError {
     /// The engine does not remember outcomes (`[memory] enabled = false`).
     #[error("memory is disabled on this engine")]
     MemoryDisabled,
+    /// A session asked for the LLM bridge on an engine without `[llm]`.
+    #[error("give the session llm_query: the engine has no [llm] endpoint configured")]
+    NoLlm,
 }
 
 impl From<actix::MailboxError> for EngineError {

@@ -21,6 +21,7 @@ pub mod config;
 mod engine;
 pub mod errors;
 mod http_client;
+pub mod llm;
 pub mod loadtest;
 mod memory;
 pub mod rpc;
@@ -30,8 +31,8 @@ mod session;
 mod state_lock;
 
 pub use config::{
-    EngineConfig, MemoryConfig, ProactiveConfig, RemoteEmbedderConfig, SandboxConfig, SandboxLayer,
-    StateConfig,
+    EngineConfig, LlmConfig, MemoryConfig, Price, ProactiveConfig, RemoteEmbedderConfig,
+    SandboxConfig, SandboxLayer, StateConfig,
 };
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;

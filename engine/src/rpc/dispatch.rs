@@ -197,6 +197,7 @@ impl Dispatcher {
             limits,
             proactive: params.proactive,
             network: params.network,
+            llm: params.llm,
         };
         let session = self.engine.create_session(options).await?;
         let (pid, python_version) = match session.pid() {
@@ -433,6 +434,7 @@ impl Dispatcher {
             restores: stats.restores,
             proactive: stats.proactive,
             memory: self.engine.memory_stats(None),
+            llm: stats.llm,
         })
     }
 
