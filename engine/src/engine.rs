@@ -35,7 +35,7 @@ use tokio::sync::oneshot;
 
 use crate::config::{EngineConfig, MemoryConfig, SandboxLayer, StateConfig};
 use crate::errors::EngineError;
-use crate::llm::{Dispatcher, LlmCounters, LlmStats, OpenAiClient};
+use crate::llm::{Dispatcher, LlmClient, LlmCounters, LlmStats, OpenAiClient};
 use crate::memory::{RemoteEmbedder, RemoteEmbedderError};
 use crate::scratch::Scratch;
 use crate::session::Session;
@@ -75,6 +75,8 @@ struct EngineInner {
     memory: Option<Arc<Memory>>,
     /// The LLM bridge and its totals, with `[llm]`.
     llm: Option<(Dispatcher, Arc<LlmCounters>, bool)>,
+    /// The task loops that run, for `task.cancel`.
+    tasks: crate::task::Tasks,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: ThreadId,
@@ -117,6 +119,7 @@ impl Engine {
                     proactive,
                     memory,
                     llm,
+                    tasks: Default::default(),
                     shutdown: Mutex::new(Some(shutdown_tx)),
                     thread: Mutex::new(Some(thread)),
                     thread_id,
@@ -191,6 +194,16 @@ impl Engine {
             proactive: self.inner.proactive.stats(),
             llm: (self.inner.llm.as_ref()).map(|(_, totals, _)| totals.snapshot()),
         })
+    }
+
+    /// The LLM client and the totals its calls count in, with `[llm]`.
+    pub(crate) fn llm_client(&self) -> Option<(Arc<dyn LlmClient>, Arc<LlmCounters>)> {
+        let (dispatcher, totals, _) = self.inner.llm.as_ref()?;
+        Some((dispatcher.client(), totals.clone()))
+    }
+
+    pub(crate) fn tasks(&self) -> &crate::task::Tasks {
+        &self.inner.tasks
     }
 
     /// Resolves `python` (a name on `PATH` or a path) to an interpreter a session can run

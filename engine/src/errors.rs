@@ -35,6 +35,9 @@ pub enum EngineError {
     /// A session asked for the LLM bridge on an engine without `[llm]`.
     #[error("give the session llm_query: the engine has no [llm] endpoint configured")]
     NoLlm,
+    /// A task request that cannot run (an unknown kind, a task id in use).
+    #[error("run the task: {0}")]
+    Task(String),
 }
 
 impl From<actix::MailboxError> for EngineError {

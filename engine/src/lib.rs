@@ -29,6 +29,7 @@ mod scratch;
 pub mod server;
 mod session;
 mod state_lock;
+pub mod task;
 
 pub use config::{
     EngineConfig, LlmConfig, MemoryConfig, Price, ProactiveConfig, RemoteEmbedderConfig,

@@ -11,6 +11,7 @@ mod message;
 mod outbound;
 mod params;
 pub mod strict_json;
+pub mod task;
 pub mod wire;
 
 pub use caller::{Caller, MAX_OWNER_BYTES};

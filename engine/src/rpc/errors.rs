@@ -94,7 +94,7 @@ impl From<&EngineError> for RpcError {
             EngineError::Memory(_) => code::INVALID_PARAMS,
             EngineError::MemoryDisabled => code::ENGINE_ERROR,
             // `llm: true` asks for what this engine cannot give.
-            EngineError::NoLlm => code::INVALID_PARAMS,
+            EngineError::NoLlm | EngineError::Task(_) => code::INVALID_PARAMS,
         };
         RpcError::new(code, err.to_string())
     }
