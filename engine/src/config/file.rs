@@ -386,6 +386,19 @@ fn seconds(key: &'static str, value: f64, zero_ok: bool) -> Result<(), (&'static
     ))
 }
 
+/// Checks that `value` is an `http://` or `https://` URL.
+fn http_url(key: &'static str, value: &str) -> Result<(), (&'static str, String)> {
+    let scheme = value.split("://").next().unwrap_or_default();
+    if matches!(scheme, "http" | "https") && value.contains("://") {
+        Ok(())
+    } else {
+        Err((
+            key,
+            format!("must be an http:// or https:// URL, got {value:?}"),
+        ))
+    }
+}
+
 /// Checks a count against its minimum.
 fn at_least(key: &'static str, value: usize, min: usize) -> Result<(), (&'static str, String)> {
     if value >= min {

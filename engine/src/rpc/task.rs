@@ -1,8 +1,6 @@
-//! The `task.*` methods of docs/protocol.md: `task.run` runs an LLM task loop
-//! ([`Engine::run_task`]) and, with `stream: true`, sends each step as a `task.step`
+//! The `task.*` methods of docs/protocol.md: `task.run` (params: a [`TaskRequest`] and
+//! `stream`) runs an LLM task loop ([`Engine::run_task`]) and, with `stream: true`, sends each step as a `task.step`
 //! notification before the result; `task.cancel` ends a running task of the caller's scope.
-
-use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -12,7 +10,7 @@ use tokio::sync::mpsc;
 use super::errors::RpcError;
 use super::outbound::Outbound;
 use super::params::{decode, encode};
-use crate::task::{Budget, TaskKind, TaskMessage, TaskRequest};
+use crate::task::{TaskMessage, TaskRequest};
 use crate::Engine;
 
 /// Method names.
@@ -20,26 +18,6 @@ pub const RUN: &str = "task.run";
 pub const CANCEL: &str = "task.cancel";
 /// The notification of one step.
 pub const STEP: &str = "task.step";
-
-/// `task.run` params.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunParams {
-    pub kind: TaskKind,
-    pub prompt: String,
-    #[serde(default)]
-    pub data: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    #[serde(default)]
-    pub budget: Budget,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task_id: Option<String>,
-    #[serde(default)]
-    pub stream: bool,
-}
 
 /// `task.cancel` params.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,21 +53,20 @@ pub async fn call(
         let cancelled = engine.cancel_task(&params.task_id, owner);
         return encode(Cancelled { cancelled });
     }
-    let params: RunParams = decode(params)?;
-    let task_id = params
-        .task_id
-        .clone()
-        .unwrap_or_else(|| engine.new_task_id());
-    let request = TaskRequest {
-        kind: params.kind,
-        prompt: params.prompt,
-        data: params.data,
-        model: params.model,
-        budget: params.budget,
-        session_id: params.session_id,
-        task_id: Some(task_id.clone()),
+    // The params are a TaskRequest and `stream`.
+    let mut params = params;
+    let stream = match params.as_mut().and_then(Value::as_object_mut) {
+        Some(fields) => match fields.remove("stream") {
+            None => false,
+            Some(Value::Bool(stream)) => stream,
+            Some(_) => return Err(RpcError::invalid_params("stream: expected a boolean")),
+        },
+        None => false,
     };
-    if !params.stream {
+    let mut request: TaskRequest = decode(params)?;
+    let task_id = (request.task_id.clone()).unwrap_or_else(|| engine.new_task_id());
+    request.task_id = Some(task_id.clone());
+    if !stream {
         return encode(engine.run_task(request, owner, None).await?);
     }
     let (steps, mut stepped) = mpsc::unbounded_channel();

@@ -75,16 +75,7 @@ impl LlmSettings {
         if self.base_url.is_empty() {
             return Ok(());
         }
-        let scheme = self.base_url.split("://").next().unwrap_or_default();
-        if !matches!(scheme, "http" | "https") || !self.base_url.contains("://") {
-            return Err((
-                "llm.base_url",
-                format!(
-                    "must be an http:// or https:// URL, got {:?}",
-                    self.base_url
-                ),
-            ));
-        }
+        super::http_url("llm.base_url", &self.base_url)?;
         if self.model.trim().is_empty() {
             return Err(("llm.model", "must be set when llm.base_url is".into()));
         }
