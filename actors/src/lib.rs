@@ -24,6 +24,7 @@
 //! code and writes the result to fd 4; the pump reads it and hands it to the actor, which
 //! sends the result on the caller's channel. The `pyvisor` crate's lib.rs draws this map.
 
+pub mod bridge;
 pub mod checkpoint;
 pub mod errors;
 pub mod execution;

@@ -37,6 +37,7 @@ mod durability;
 mod events;
 mod handlers;
 mod idle;
+mod llm_calls;
 mod messages;
 mod proactive;
 mod serving;
@@ -47,6 +48,7 @@ mod worker_events;
 pub use completion::{Complete, Completion, MAX_COMPLETE_BYTES};
 pub use durability::DurabilityReport;
 pub use events::{Executed, SessionEvent, Speculated, Subscribers};
+pub use llm_calls::LlmLink;
 pub use messages::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Drain, EventSender, Execute,
     ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary,
@@ -113,6 +115,8 @@ pub struct SessionSetup {
     pub idle_timeout: Option<Duration>,
     /// The engine's memory and the owner the session remembers for; off when `None`.
     pub memory: Option<MemoryLink>,
+    /// The LLM bridge of the session's code (`llm_query` and its kin); none when `None`.
+    pub llm: Option<LlmLink>,
 }
 
 /// A session's tie to the engine's memory.
@@ -149,6 +153,7 @@ pub struct SessionActor {
     proactive: Option<proactive::Proactive>,
     events: Subscribers,
     idleness: idle::Idleness,
+    llm_calls: llm_calls::LlmCalls,
 }
 
 /// An execution waiting for the worker.
@@ -184,6 +189,7 @@ impl SessionActor {
             proactive,
             events,
             idleness: idle::Idleness::default(),
+            llm_calls: Default::default(),
         }
     }
 
@@ -201,6 +207,7 @@ impl SessionActor {
         ctx.add_stream(ReceiverStream::new(events).map(move |e| Tagged(generation, e)));
         self.worker = Some(worker);
         self.state = State::Idle;
+        self.enable_llm();
         let restore_on_start = self
             .setup
             .state
@@ -407,6 +414,7 @@ impl SessionActor {
         let State::Busy(mut running) = std::mem::replace(&mut self.state, State::Idle) else {
             return;
         };
+        self.cancel_llm_calls("the execution that made the call has ended", ctx);
         if running.recovered.is_none() {
             running.recovered = self.durability.recovered.take();
         }

@@ -11,6 +11,7 @@
 //! worker before it replies.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use actix::prelude::*;
@@ -26,8 +27,8 @@ use crate::proactive::cache::CacheActor;
 use crate::proactive::predict::Table;
 use crate::proactive::predictor::PredictorActor;
 use crate::session::{
-    Close, CloseState, Drain, MemoryLink, ProactiveSetup, SessionActor, SessionEvent, SessionSetup,
-    StateSetup, Subscribers,
+    Close, CloseState, Drain, LlmLink, MemoryLink, ProactiveSetup, SessionActor, SessionEvent,
+    SessionSetup, StateSetup, Subscribers,
 };
 use crate::worker::WorkerSpec;
 
@@ -35,8 +36,9 @@ mod messages;
 mod registry;
 
 pub use messages::{
-    CreateSession, FindSession, GetStats, Interpreter, ListSessions, ProactiveOptions, Quotas,
-    SessionHandle, SessionOptions, StateOptions, StopAll, SupervisorConfig, SupervisorStats,
+    CreateSession, FindSession, GetStats, Interpreter, ListSessions, LlmOptions, ProactiveOptions,
+    Quotas, SessionHandle, SessionOptions, StateOptions, StopAll, SupervisorConfig,
+    SupervisorStats,
 };
 use registry::Registry;
 
@@ -192,10 +194,20 @@ impl RegistryActor {
                     .map_or(u64::MAX, |mb| mb.saturating_mul(1024 * 1024))
             }),
         });
+        let owner: Arc<str> = options.owner.as_deref().unwrap_or_default().into();
+        let llm = (self.config.llm.as_ref())
+            .filter(|llm| options.llm.unwrap_or(llm.by_default))
+            .map(|llm| LlmLink {
+                bridge: llm.bridge.clone(),
+                owner: owner.clone(),
+            });
+        // A speculative run must never call a model: a session with the bridge computes
+        // nothing ahead.
         let proactive = self.proactive.clone().filter(|_| {
-            options
-                .proactive
-                .unwrap_or(self.config.proactive.by_default)
+            llm.is_none()
+                && options
+                    .proactive
+                    .unwrap_or(self.config.proactive.by_default)
         });
         let mut subscribers = vec![ctx.address().recipient()];
         if let Some((predictor, _)) = &proactive {
@@ -204,10 +216,11 @@ impl RegistryActor {
         if let Some(actor) = &self.memory {
             subscribers.push(actor.clone().recipient());
         }
-        let memory = self.config.memory.clone().map(|memory| MemoryLink {
-            memory,
-            owner: options.owner.as_deref().unwrap_or_default().into(),
-        });
+        let memory = self
+            .config
+            .memory
+            .clone()
+            .map(|memory| MemoryLink { memory, owner });
         let setup = SessionSetup {
             state,
             spec,
@@ -218,6 +231,7 @@ impl RegistryActor {
             counters: self.config.counters.clone(),
             events: Subscribers::new(subscribers),
             memory,
+            llm,
             proactive: proactive.as_ref().map(|(_, cache)| ProactiveSetup {
                 cache: cache.clone(),
                 counters: self.config.proactive.counters.clone(),

@@ -11,6 +11,7 @@ pub use file::LimitCeilings;
 #[cfg(feature = "server")]
 pub use resolve::http_addr;
 
+use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,8 +28,9 @@ use pyvisor_protocol::DEFAULT_MAX_FRAME_BYTES;
 
 #[cfg(feature = "server")]
 pub use file::{
-    EngineSettings, LimitSettings, LoadContext, Loaded, MemorySettings, Origin, PoolSettings,
-    ProactiveSettings, SandboxSettings, ServerSettings, Settings, StateSettings, TokenSettings,
+    EngineSettings, LimitSettings, LlmSettings, LoadContext, Loaded, MemorySettings, ModelSettings,
+    Origin, PoolSettings, ProactiveSettings, SandboxSettings, ServerSettings, Settings,
+    StateSettings, TokenSettings,
 };
 
 /// How an [`crate::Engine`] runs its workers.
@@ -67,6 +69,8 @@ pub struct EngineConfig {
     pub sandbox: SandboxConfig,
     /// Remembering execution outcomes and warning before a known failure repeats.
     pub memory: MemoryConfig,
+    /// The LLM endpoint that sessions' bridge calls and task loops use; none when `None`.
+    pub llm: Option<LlmConfig>,
 }
 
 /// Worker confinement (docs/security.md): each worker's own uid, Landlock, seccomp, network.
@@ -171,6 +175,65 @@ impl Default for MemoryConfig {
     }
 }
 
+/// An OpenAI-compatible chat completions endpoint (`[llm]`, docs/config.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmConfig {
+    /// The API's base, e.g. `https://api.openai.com/v1`; requests go to
+    /// `{base_url}/chat/completions`.
+    pub base_url: String,
+    /// The model of calls that name none.
+    pub model: String,
+    /// The engine's environment variable that holds the API key (sent as a bearer token);
+    /// no key is sent when `None`.
+    pub api_key_env: Option<String>,
+    /// Longest wait for one attempt of one call.
+    pub timeout: Duration,
+    /// Attempts after the first when the endpoint answers 429 or 5xx or cannot be reached.
+    pub max_retries: u32,
+    /// Whether sessions that do not say get the bridge (`llm_query` and its kin).
+    pub sessions: bool,
+    /// Bridge calls that arrive within this window of the first are sent together.
+    pub batch_window: Duration,
+    /// Requests in flight at once, for the whole engine.
+    pub max_concurrency: usize,
+    /// Requests in flight at once for one session, so that one session cannot hold them all.
+    pub session_concurrency: usize,
+    /// Most prompts one session may have waiting or in flight; more are refused.
+    pub max_pending: usize,
+    /// Dollars per million tokens, by model id; a model without a price costs nothing.
+    pub prices: BTreeMap<String, Price>,
+    /// Other models that calls may name, by name: the model id each stands for.
+    pub models: BTreeMap<String, String>,
+}
+
+impl LlmConfig {
+    /// A configuration for `model` at `base_url`, with the other defaults of docs/config.md.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key_env: None,
+            timeout: Duration::from_secs(120),
+            max_retries: 3,
+            sessions: false,
+            batch_window: Duration::from_millis(10),
+            max_concurrency: 16,
+            session_concurrency: 4,
+            max_pending: 256,
+            prices: BTreeMap::new(),
+            models: BTreeMap::new(),
+        }
+    }
+}
+
+/// What a model's tokens cost, in dollars per million.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
 /// Proactive computation: predicting each idle session's next code, running it in a fork of
 /// its worker, and answering from that result when, and only when, a real run would answer
 /// the same.
@@ -253,6 +316,7 @@ impl Default for EngineConfig {
             quotas: Quotas::default(),
             sandbox: SandboxConfig::default(),
             memory: MemoryConfig::default(),
+            llm: None,
         }
     }
 }

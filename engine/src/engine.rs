@@ -23,7 +23,7 @@ use pyvisor_actors::proactive::cache::CacheLimits;
 use pyvisor_actors::proactive::predictor::PredictorConfig;
 use pyvisor_actors::proactive::stats::{ProactiveCounters, ProactiveStats};
 use pyvisor_actors::supervisor::{
-    CreateSession, FindSession, GetStats, Interpreter, ListSessions, ProactiveOptions,
+    CreateSession, FindSession, GetStats, Interpreter, ListSessions, LlmOptions, ProactiveOptions,
     RegistryActor, SessionOptions, StateOptions, StopAll, SupervisorConfig,
 };
 use pyvisor_actors::worker::{
@@ -35,6 +35,7 @@ use tokio::sync::oneshot;
 
 use crate::config::{EngineConfig, MemoryConfig, SandboxLayer, StateConfig};
 use crate::errors::EngineError;
+use crate::llm::{Dispatcher, LlmClient, LlmCounters, LlmStats, OpenAiClient};
 use crate::memory::{RemoteEmbedder, RemoteEmbedderError};
 use crate::scratch::Scratch;
 use crate::session::Session;
@@ -60,6 +61,8 @@ pub struct EngineStats {
     pub restores: u64,
     /// What proactive computation did: predictions, speculations, hits, CPU, cache.
     pub proactive: ProactiveStats,
+    /// What LLM calls used; `None` without `[llm]`.
+    pub llm: Option<LlmStats>,
 }
 
 struct EngineInner {
@@ -70,6 +73,10 @@ struct EngineInner {
     proactive: Arc<ProactiveCounters>,
     /// The memory of outcomes, when it is enabled.
     memory: Option<Arc<Memory>>,
+    /// The LLM bridge and its totals, with `[llm]`.
+    llm: Option<(Dispatcher, Arc<LlmCounters>, bool)>,
+    /// The task loops that run, for `task.cancel`.
+    tasks: crate::task::Tasks,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: ThreadId,
@@ -83,9 +90,24 @@ impl Engine {
         let counters = Arc::new(EngineCounters::default());
         let proactive = Arc::new(ProactiveCounters::default());
         let shared = (counters.clone(), proactive.clone());
+        let llm = match &config.llm {
+            Some(llm_config) => {
+                let client = OpenAiClient::new(llm_config)
+                    .map_err(|err| EngineError::Start(err.to_string()))?;
+                let totals = Arc::new(LlmCounters::default());
+                let dispatcher = Dispatcher::start(Arc::new(client), llm_config, totals.clone())
+                    .map_err(|e| EngineError::Start(format!("start the LLM thread: {e}")))?;
+                Some((dispatcher, totals, llm_config.sessions))
+            }
+            None => None,
+        };
+        let bridge = llm.as_ref().map(|(dispatcher, _, by_default)| LlmOptions {
+            bridge: Arc::new(dispatcher.clone()),
+            by_default: *by_default,
+        });
         let thread = thread::Builder::new()
             .name("pyvisor-engine".into())
-            .spawn(move || run_system(config, shared, ready_tx, shutdown_rx))
+            .spawn(move || run_system(config, shared, bridge, ready_tx, shutdown_rx))
             .map_err(|e| EngineError::Start(format!("spawn the engine thread: {e}")))?;
         let thread_id = thread.thread().id();
         match ready_rx.await {
@@ -96,6 +118,8 @@ impl Engine {
                     counters,
                     proactive,
                     memory,
+                    llm,
+                    tasks: Default::default(),
                     shutdown: Mutex::new(Some(shutdown_tx)),
                     thread: Mutex::new(Some(thread)),
                     thread_id,
@@ -117,6 +141,9 @@ impl Engine {
     /// Creates a session with a worker from the pool; with the `name` of a live session,
     /// returns that session instead ([`Session::attached`] tells).
     pub async fn create_session(&self, options: SessionOptions) -> Result<Session, EngineError> {
+        if options.llm == Some(true) && self.inner.llm.is_none() {
+            return Err(EngineError::NoLlm);
+        }
         let handle = self
             .inner
             .supervisor
@@ -165,7 +192,18 @@ impl Engine {
             crashes: self.inner.counters.crashes(),
             restores: self.inner.counters.restores(),
             proactive: self.inner.proactive.stats(),
+            llm: (self.inner.llm.as_ref()).map(|(_, totals, _)| totals.snapshot()),
         })
+    }
+
+    /// The LLM client and the totals its calls count in, with `[llm]`.
+    pub(crate) fn llm_client(&self) -> Option<(Arc<dyn LlmClient>, Arc<LlmCounters>)> {
+        let (dispatcher, totals, _) = self.inner.llm.as_ref()?;
+        Some((dispatcher.client(), totals.clone()))
+    }
+
+    pub(crate) fn tasks(&self) -> &crate::task::Tasks {
+        &self.inner.tasks
     }
 
     /// Resolves `python` (a name on `PATH` or a path) to an interpreter a session can run
@@ -213,18 +251,21 @@ type Started = (Addr<RegistryActor>, PathBuf, Option<Arc<Memory>>);
 fn run_system(
     config: EngineConfig,
     counters: (Arc<EngineCounters>, Arc<ProactiveCounters>),
+    llm: Option<LlmOptions>,
     ready: oneshot::Sender<Result<Started, EngineError>>,
     shutdown: oneshot::Receiver<()>,
 ) {
     // The state dir's lock and the scratch directories live as long as this thread, so they
     // outlive every worker.
-    let (supervisor_config, worker_package, _held) = match supervisor_config(&config, counters) {
+    let (mut supervisor_config, worker_package, _held) = match supervisor_config(&config, counters)
+    {
         Ok(c) => c,
         Err(err) => {
             let _ = ready.send(Err(err));
             return;
         }
     };
+    supervisor_config.llm = llm;
     let memory = supervisor_config.memory.clone();
     let system = System::new();
     let handed = memory.clone();
@@ -328,6 +369,7 @@ fn supervisor_config(
         },
         quotas: config.quotas,
         memory,
+        llm: None,
     };
     let held = HeldDirs {
         _state: held_state_dir,

@@ -35,6 +35,12 @@ pub enum EngineError {
     /// The engine does not remember outcomes (`[memory] enabled = false`).
     #[error("memory is disabled on this engine")]
     MemoryDisabled,
+    /// A session asked for the LLM bridge on an engine without `[llm]`.
+    #[error("give the session llm_query: the engine has no [llm] endpoint configured")]
+    NoLlm,
+    /// A task request that cannot run (an unknown kind, a task id in use).
+    #[error("run the task: {0}")]
+    Task(String),
 }
 
 impl From<actix::MailboxError> for EngineError {

@@ -73,6 +73,7 @@ pub mod config;
 mod engine;
 pub mod errors;
 mod http_client;
+pub mod llm;
 #[cfg(feature = "cli")]
 pub mod loadtest;
 mod memory;
@@ -83,10 +84,11 @@ mod scratch;
 pub mod server;
 mod session;
 mod state_lock;
+pub mod task;
 
 pub use config::{
-    EngineConfig, MemoryConfig, ProactiveConfig, RemoteEmbedderConfig, SandboxConfig, SandboxLayer,
-    StateConfig,
+    EngineConfig, LlmConfig, MemoryConfig, Price, ProactiveConfig, RemoteEmbedderConfig,
+    SandboxConfig, SandboxLayer, StateConfig,
 };
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;

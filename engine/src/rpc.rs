@@ -18,6 +18,7 @@ mod outbound;
 #[cfg(feature = "server")]
 mod params;
 pub mod strict_json;
+pub mod task;
 pub mod wire;
 
 #[cfg(feature = "server")]

@@ -8,10 +8,12 @@
 //! crate has no runtime policy: no actix, no tokio, so it can be used by any host or test
 //! harness.
 
+pub mod bridge;
 pub mod errors;
 pub mod frame;
 pub mod messages;
 
+pub use bridge::{LlmCallKind, LlmFailure, LlmFailureKind};
 pub use errors::FrameError;
 pub use frame::{encode_frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER_BYTES};
 pub use messages::{

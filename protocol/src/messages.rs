@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::bridge::{LlmCallKind, LlmFailure};
+
 /// Version announced in the worker's `hello`; the host refuses any other.
 pub const PROTOCOL_VERSION: u32 = 1;
 
@@ -103,6 +105,17 @@ pub enum HostMessage {
         reads: Vec<NameStamp>,
         files: Vec<FileStamp>,
         ambient: String,
+    },
+    /// Give the session's code `llm_query` and its kin (as builtins); sent before any
+    /// execute of a session that has the LLM bridge. No reply.
+    LlmEnable,
+    /// The answer to [`WorkerMessage::LlmCall`] `call`: one answer per prompt, or why none.
+    LlmReply {
+        call: u64,
+        #[serde(default)]
+        answers: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<LlmFailure>,
     },
 }
 
@@ -362,6 +375,17 @@ pub enum WorkerMessage {
     /// The completions of the complete request `id`: each replaces the word before the
     /// cursor (the run of identifier characters and dots that ends there).
     CompleteDone { id: String, matches: Vec<String> },
+    /// Code of execution `id` called the LLM bridge; its thread waits for the
+    /// [`HostMessage::LlmReply`] of `call` (a number the worker never reuses).
+    LlmCall {
+        id: String,
+        call: u64,
+        kind: LlmCallKind,
+        prompts: Vec<String>,
+        /// A model name of the engine's config; its default model when `None`.
+        #[serde(default)]
+        model: Option<String>,
+    },
     /// A message kind this host does not know, from a newer worker. The host never sends it;
     /// the pump drops it with a warning rather than take the stream for corrupt. A kind it
     /// knows with fields it cannot read is still an error.

@@ -13,7 +13,7 @@ import signal
 import sys
 
 from pyvisor_worker import (
-    adoption, checkpoints, completion, display, execution, inspection, prompts, protocol,
+    adoption, bridge, checkpoints, completion, display, execution, inspection, prompts, protocol,
     restores, sandbox, speculation, state, surroundings, zygote,
 )
 
@@ -73,7 +73,7 @@ def main(preload=()):
     surroundings.install()
     # A frame that comes before the reader thread runs waits in the pipe.
     protocol.start_thread(protocol.read_requests, execution.interrupt, inspection.inspect,
-                          speculation.cancel)
+                          speculation.cancel, bridge)
     protocol.send({
         "type": "hello",
         "protocol": protocol.PROTOCOL_VERSION,

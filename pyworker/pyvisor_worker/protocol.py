@@ -29,6 +29,8 @@ Host -> worker:
      "files": [{"path": "/d/x.csv", "size": 10, "mtime_ns": 1, "ctime_ns": 1, "inode": 7}],
      "ambient": "883fdfd9"}
     {"type": "counted", "code": "df.head()"}                  no reply
+    {"type": "llm_enable"}                                    no reply (see bridge)
+    {"type": "llm_reply", "call": 7, "answers": ["..."], "error": null}       (see bridge)
     {"type": "shutdown"}
 
 An execute may also carry "facts": true, for a "facts" message about the cell after its result,
@@ -77,6 +79,8 @@ message kind comes with a new capability, not a new protocol version.
     {"type": "speculation_done", "id": "s-1", "ending": "finished" | "cancelled" |
      "cpu_limit" | "crashed: killed by SIGSEGV" | "crashed: exit status 1", "cpu_ms": 12.5}
     {"type": "adopt_done", "id": "a-1", "fresh": false, "reason": null | "changed df"}
+    {"type": "llm_call", "id": "e-1", "call": 7, "kind": "llm", "prompts": ["..."],
+     "model": null}                      from any thread of the session's code (see bridge)
 
 After the result of an execute with "facts": true comes
     {"type": "facts", "id": "e-1", "facts": {"reads", "binds", "touched", "files", "ambient",
@@ -249,12 +253,13 @@ def start_thread(function, *args):
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def read_requests(interrupt, inspect, cancel_speculation):
+def read_requests(interrupt, inspect, cancel_speculation, bridge):
     """Reader thread: route every message from the host, also while the code runs.
 
     `interrupt(execution_id)` serves an interrupt, `inspect(request)` makes the reply to an
     inspect request, and `cancel_speculation(speculation_id)` kills the speculation child
-    (any, for None); all at once, on this thread.
+    (any, for None); `bridge` is the bridge module, for llm_enable and llm_reply. All at
+    once, on this thread.
     """
     while True:
         message = read_message()
@@ -288,5 +293,9 @@ def read_requests(interrupt, inspect, cancel_speculation):
             if waiting_for is not None and message.get("id") == waiting_for:
                 value = message.get("value")
                 input_replies.put(value if isinstance(value, str) else None)
+        elif kind == "llm_reply":
+            bridge.on_reply(message)
+        elif kind == "llm_enable":
+            bridge.install()
         elif kind == "shutdown":
             exit_worker(0)

@@ -1,4 +1,7 @@
-//! Helpers shared by the integration tests: start an engine, run code, collect events.
+//! Helpers shared by the integration tests: start an engine, run code, collect events, and
+//! a fake LLM provider ([`fake_llm`]).
+
+pub mod fake_llm;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -74,6 +74,22 @@ impl SessionActor {
             WorkerMessage::SpeculationDone { id, ending, cpu_ms } => {
                 return self.speculation_done(&id, &ending, cpu_ms, ctx);
             }
+            WorkerMessage::LlmCall {
+                id,
+                call,
+                kind,
+                prompts,
+                model,
+            } => {
+                let frame = super::llm_calls::CallFrame {
+                    execution_id: id,
+                    call,
+                    kind,
+                    prompts,
+                    model,
+                };
+                return self.llm_call(frame, ctx);
+            }
             other => other,
         };
         let State::Busy(running) = &mut self.state else {
@@ -156,6 +172,7 @@ impl SessionActor {
     /// restarts the actor with a new worker (or finish closing).
     fn on_exit(&mut self, status: Option<ExitStatus>, ctx: &mut Context<Self>) {
         let memory_limit_kill = self.worker.take().and_then(|w| memory_limit_kill(&w));
+        self.cancel_llm_calls("the worker exited", ctx);
         let cause = match (memory_limit_kill, self.kill_reason.take()) {
             // The memory limit killed it, and the host, if it killed it too, for that reason.
             (Some(oom), reason)

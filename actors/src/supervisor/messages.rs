@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 
+use crate::bridge::LlmBridge;
 use crate::checkpoint::CheckpointStore;
 use crate::errors::SupervisorError;
 use crate::limits::SessionLimits;
@@ -38,6 +39,24 @@ pub struct SupervisorConfig {
     pub quotas: Quotas,
     /// The memory of outcomes every session records to and checks against; off when `None`.
     pub memory: Option<Arc<Memory>>,
+    /// What answers the LLM calls of sessions' code; no session has the bridge when `None`.
+    pub llm: Option<LlmOptions>,
+}
+
+/// The LLM bridge of sessions.
+#[derive(Clone)]
+pub struct LlmOptions {
+    pub bridge: Arc<dyn LlmBridge>,
+    /// Whether a session that does not say gets the bridge.
+    pub by_default: bool,
+}
+
+impl std::fmt::Debug for LlmOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmOptions")
+            .field("by_default", &self.by_default)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Bounds on what sessions hold over time.
@@ -106,6 +125,9 @@ pub struct SessionOptions {
     /// Whether the worker may open internet sockets; the engine's `[sandbox] network` when
     /// `None`.
     pub network: Option<bool>,
+    /// Whether the session's code gets `llm_query` and its kin; the engine's `[llm] sessions`
+    /// when `None`.
+    pub llm: Option<bool>,
 }
 
 /// A Python interpreter other than the engine's, with the worker package it runs.

@@ -37,7 +37,7 @@ pub(crate) struct ChildPlan<'a> {
 const INHERITED_VARS: [&str; 4] = ["PATH", "LANG", "TZ", "TERM"];
 
 /// Whether a child gets the host's variable `name`.
-fn inherited(name: &str) -> bool {
+pub fn inherited(name: &str) -> bool {
     INHERITED_VARS.contains(&name) || name.starts_with("LC_")
 }
 

@@ -15,6 +15,7 @@ mod writer;
 mod zygote;
 
 pub use cgroup::{CgroupLeaf, CgroupLimits, CgroupManager, CgroupMechanism};
+pub use child::inherited as inherited_by_workers;
 pub use exit::{is_running, left_by_dead_processes};
 pub use janitor::Janitor;
 pub use output::{CappedOutput, Utf8Chunker};

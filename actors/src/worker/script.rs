@@ -42,6 +42,7 @@ pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("pyvisor_worker/__init__.py"),
     worker_file!("pyvisor_worker/adoption.py"),
     worker_file!("pyvisor_worker/blobfiles.py"),
+    worker_file!("pyvisor_worker/bridge.py"),
     worker_file!("pyvisor_worker/cells.py"),
     worker_file!("pyvisor_worker/changes.py"),
     worker_file!("pyvisor_worker/checkpoints.py"),

@@ -18,6 +18,7 @@ mod serve;
 mod session;
 mod table;
 mod target;
+mod task;
 mod top;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +33,7 @@ pub use repl::ReplArgs;
 pub use replay::ReplayArgs;
 pub use serve::ServeArgs;
 pub use session::SessionCommand;
+pub use task::TaskArgs;
 pub use top::TopArgs;
 
 /// Exit status for usage and configuration errors (README, `pyvisor exec`).
@@ -81,6 +83,8 @@ enum Command {
         #[command(subcommand)]
         command: MemoryCommand,
     },
+    /// Run an LLM task loop in a session, showing each step.
+    Task(TaskArgs),
 }
 
 impl Cli {
@@ -105,5 +109,6 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Replay(args) => replay::run(args).await,
         Command::Loadtest(args) => loadtest::run(args).await,
         Command::Memory { command } => memory_eval::run(command).await,
+        Command::Task(args) => task::run(args).await,
     }
 }

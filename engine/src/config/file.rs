@@ -1,5 +1,5 @@
 //! The daemon's configuration file (docs/config.md): the TOML sections `[server]`, `[engine]`,
-//! `[pool]`, `[limits]` and `[state]`, where the file is looked for, and the
+//! `[pool]`, `[limits]`, `[state]` and the others of docs/config.md, where the file is looked for, and the
 //! `PYVISOR_<SECTION>__<KEY>` environment overrides applied on top of it.
 //!
 //! Loading reads the first file of the search order into a `toml::Table`, writes the
@@ -27,11 +27,13 @@ use super::EngineConfig;
 use crate::errors::ConfigError;
 
 mod limits;
+mod llm;
 mod memory;
 mod proactive;
 mod sandbox;
 mod server;
 pub use limits::{LimitCeilings, LimitSettings};
+pub use llm::{LlmSettings, ModelSettings};
 pub use memory::MemorySettings;
 pub use proactive::ProactiveSettings;
 pub use sandbox::SandboxSettings;
@@ -63,6 +65,7 @@ pub struct Settings {
     pub proactive: ProactiveSettings,
     pub sandbox: SandboxSettings,
     pub memory: MemorySettings,
+    pub llm: LlmSettings,
 }
 
 /// `[engine]`: how workers are started (see [`EngineConfig`]).
@@ -321,6 +324,7 @@ impl Settings {
             proactive,
             sandbox,
             memory,
+            llm,
         } = self;
         if !server.http.is_empty() && super::resolve::http_addr(&server.http).is_none() {
             return Err((
@@ -363,6 +367,7 @@ impl Settings {
         proactive.validate()?;
         sandbox.validate()?;
         memory.validate()?;
+        llm.validate()?;
         Ok(())
     }
 }
@@ -379,6 +384,19 @@ fn seconds(key: &'static str, value: f64, zero_ok: bool) -> Result<(), (&'static
         key,
         format!("must be {low} seconds and at most {MAX_SECONDS}, got {value}"),
     ))
+}
+
+/// Checks that `value` is an `http://` or `https://` URL.
+fn http_url(key: &'static str, value: &str) -> Result<(), (&'static str, String)> {
+    let scheme = value.split("://").next().unwrap_or_default();
+    if matches!(scheme, "http" | "https") && value.contains("://") {
+        Ok(())
+    } else {
+        Err((
+            key,
+            format!("must be an http:// or https:// URL, got {value:?}"),
+        ))
+    }
 }
 
 /// Checks a count against its minimum.
@@ -457,7 +475,8 @@ fn parse_file(path: &Path, text: &str) -> Result<Table, ConfigError> {
 
 /// Tables that are absent by default (`None`), so the defaults do not name them: serde
 /// checks their keys.
-const OPTIONAL_TABLES: &[(&str, &str)] = &[("memory", "embedder")];
+const OPTIONAL_TABLES: &[(&str, &str)] =
+    &[("memory", "embedder"), ("llm", "prices"), ("llm", "models")];
 
 /// Fails on a section or key that no setting has, or a section that is not a table.
 fn check_keys(table: &Table, schema: &Table, origin: &Origin) -> Result<(), ConfigError> {

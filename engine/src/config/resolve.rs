@@ -159,6 +159,7 @@ impl Settings {
             proactive: self.proactive.config(),
             sandbox: self.sandbox.config(),
             memory: self.memory.config(),
+            llm: self.llm.config(),
             ..defaults
         }
     }

@@ -19,6 +19,7 @@ use super::limits::LimitPolicy;
 use super::memory;
 use super::outbound::Outbound;
 use super::params::{check_name, decode, decode_or_default, encode, no_params, take_owner};
+use super::task;
 use super::wire::{self, method, notification};
 use crate::{
     Engine, EngineError, ExecuteRequest, ExecutionEvent, Session, SessionError, SessionOptions,
@@ -145,6 +146,10 @@ impl Dispatcher {
                 no_params(params)?;
                 encode(self.health())
             }
+            task::RUN | task::CANCEL => {
+                at.unpinned()?;
+                task::call(&self.engine, at.owner(), method, params, out).await
+            }
             other => Err(RpcError::method_not_found(other)),
         }
     }
@@ -197,6 +202,7 @@ impl Dispatcher {
             limits,
             proactive: params.proactive,
             network: params.network,
+            llm: params.llm,
         };
         let session = self.engine.create_session(options).await?;
         let (pid, python_version) = match session.pid() {
@@ -433,6 +439,7 @@ impl Dispatcher {
             restores: stats.restores,
             proactive: stats.proactive,
             memory: self.engine.memory_stats(None),
+            llm: stats.llm,
         })
     }
 
@@ -530,6 +537,11 @@ struct Scope<'a> {
 }
 
 impl Scope<'_> {
+    /// The owner the call is confined to; every owner when `None`.
+    fn owner(&self) -> Option<&str> {
+        self.owner.as_deref()
+    }
+
     /// Refuses a method that is not about the pinned session (a WebSocket's).
     fn unpinned(&self) -> Result<(), RpcError> {
         match self.caller.pinned() {

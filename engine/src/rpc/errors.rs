@@ -93,6 +93,8 @@ impl From<&EngineError> for RpcError {
             // An unknown id is as invalid as a bad score: the params name what is wrong.
             EngineError::Memory(_) => code::INVALID_PARAMS,
             EngineError::MemoryDisabled => code::ENGINE_ERROR,
+            // `llm: true` asks for what this engine cannot give.
+            EngineError::NoLlm | EngineError::Task(_) => code::INVALID_PARAMS,
         };
         RpcError::new(code, err.to_string())
     }

@@ -38,6 +38,10 @@ pub struct CreateParams {
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<bool>,
+    /// Give the session's code `llm_query` and its kin; the engine's `[llm] sessions` when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<bool>,
 }
 
 /// Per-session limits of `session.create`; absent ones keep the engine's defaults.
@@ -344,6 +348,9 @@ pub struct Stats {
     /// The memory's figures (every owner's).
     #[serde(default)]
     pub memory: MemoryStats,
+    /// What LLM calls used; absent without `[llm]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<crate::llm::LlmStats>,
 }
 
 /// `session.hint` params: code the caller expects the session to run soon.

@@ -201,6 +201,7 @@ fn start_http(
     let metrics = match install_prometheus() {
         Ok(handle) => {
             pyvisor_actors::metrics::describe();
+            crate::llm::describe();
             Some(handle)
         }
         Err(err) => {

@@ -58,16 +58,7 @@ fn default_embedder_timeout_ms() -> u64 {
 
 impl EmbedderSettings {
     fn validate(&self) -> Result<(), (&'static str, String)> {
-        let scheme = self.base_url.split("://").next().unwrap_or_default();
-        if !matches!(scheme, "http" | "https") || !self.base_url.contains("://") {
-            return Err((
-                "memory.embedder.base_url",
-                format!(
-                    "must be an http:// or https:// URL, got {:?}",
-                    self.base_url
-                ),
-            ));
-        }
+        super::http_url("memory.embedder.base_url", &self.base_url)?;
         if self.model.trim().is_empty() {
             return Err(("memory.embedder.model", "must not be empty".into()));
         }

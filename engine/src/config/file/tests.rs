@@ -527,3 +527,57 @@ fn the_memory_embedder_section_maps_onto_the_engine() {
     let error = machine.error(None);
     assert!(error.contains("api_key"), "{error}");
 }
+
+#[test]
+fn the_llm_section_maps_onto_the_engine() {
+    let machine = Machine::new();
+    assert_eq!(
+        machine.load(None).unwrap().settings.engine_config().llm,
+        None
+    );
+    machine.write(
+        "cwd/pyvisor.toml",
+        "[llm]\nbase_url = \"http://127.0.0.1:8080/v1\"\nmodel = \"big\"\n\
+         api_key_env = \"LLM_KEY\"\ntimeout_s = 2.5\nbatch_window_ms = 0\n\
+         [llm.prices.\"big\"]\ninput_per_mtok = 3.0\noutput_per_mtok = 15.0\n\
+         [llm.models.small]\nmodel = \"tiny-1\"\n",
+    );
+    let llm = machine.load(None).unwrap().settings.engine_config().llm;
+    let llm = llm.expect("an llm");
+    assert_eq!(llm.base_url, "http://127.0.0.1:8080/v1");
+    assert_eq!(llm.model, "big");
+    assert_eq!(llm.api_key_env.as_deref(), Some("LLM_KEY"));
+    assert_eq!(llm.timeout, Duration::from_millis(2500));
+    assert_eq!(llm.batch_window, Duration::ZERO);
+    assert_eq!(llm.prices["big"].output_per_mtok, 15.0);
+    assert_eq!(llm.models["small"], "tiny-1");
+    assert_eq!(llm.max_concurrency, 16);
+}
+
+#[test]
+fn bad_llm_settings_name_the_key() {
+    let machine = Machine::new();
+    let cases = [
+        ("[llm]\napi_key = \"sk-secret\"\n", "llm.api_key"),
+        (
+            "[llm]\nbase_url = \"ftp://x\"\nmodel = \"m\"\n",
+            "llm.base_url",
+        ),
+        ("[llm]\nbase_url = \"http://x/v1\"\n", "llm.model"),
+        (
+            "[llm]\nbase_url = \"http://x/v1\"\nmodel = \"m\"\nmax_concurrency = 0\n",
+            "llm.max_concurrency",
+        ),
+        (
+            "[llm]\nbase_url = \"http://x/v1\"\nmodel = \"m\"\n[llm.prices.m]\n\
+             input_per_mtok = -1.0\noutput_per_mtok = 1.0\n",
+            "llm.prices",
+        ),
+        ("[llm.models.small]\nmodel = \"m\"\nkey = \"k\"\n", "key"),
+    ];
+    for (text, key) in cases {
+        machine.write("cwd/pyvisor.toml", text);
+        let error = machine.error(None);
+        assert!(error.contains(key), "{text}: {error}");
+    }
+}

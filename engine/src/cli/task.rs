@@ -1,0 +1,210 @@
+//! `pyvisor task PROMPT [--data FILE]... [--kind transform] [--model M] [--max-cost D]
+//! [--max-iterations N] [--save run.json]`: runs an LLM task loop in a session of an embedded
+//! engine configured as `pyvisor serve` would be (its `[llm]` included), and shows each step as
+//! it happens: the model's reply, the code, its output; then the final code.
+//!
+//! Exit status: 0 when the task is done, 1 when it ended otherwise (`max_iterations`,
+//! `budget_exceeded`, `error`, `cancelled`), 2 on a usage or configuration error.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use pyvisor::config::Settings;
+use pyvisor::task::{Budget, TaskKind, TaskMessage, TaskOutcome, TaskRequest, TaskStatus};
+use pyvisor::Engine;
+use tokio::sync::mpsc;
+
+use super::EXIT_USAGE;
+
+/// Arguments of `pyvisor task`.
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    /// What the task should do.
+    #[arg(value_name = "PROMPT")]
+    prompt: String,
+    /// Data for the task: FILE (named after its stem) or NAME=FILE; repeatable.
+    #[arg(long = "data", value_name = "[NAME=]FILE")]
+    data: Vec<String>,
+    /// The loop to run.
+    #[arg(long, value_enum, default_value_t = Kind::Transform)]
+    kind: Kind,
+    /// A model name of the configuration; its default model when absent.
+    #[arg(long)]
+    model: Option<String>,
+    /// Most dollars the task may spend.
+    #[arg(long, value_name = "DOLLARS")]
+    max_cost: Option<f64>,
+    /// Most model replies.
+    #[arg(long, value_name = "N")]
+    max_iterations: Option<u32>,
+    /// Write the task's outcome and whole history to this file as JSON.
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
+    /// The configuration file (else the usual search order).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Kind {
+    Transform,
+    Rlm,
+}
+
+/// Runs the task and returns the exit status.
+pub async fn run(args: TaskArgs) -> u8 {
+    let request = match request(&args) {
+        Ok(request) => request,
+        Err(message) => {
+            eprintln!("pyvisor: {message}");
+            return EXIT_USAGE;
+        }
+    };
+    let settings = match Settings::load(args.config.as_deref()) {
+        Ok(loaded) => loaded.settings,
+        Err(err) => {
+            eprintln!("pyvisor: {err}");
+            return EXIT_USAGE;
+        }
+    };
+    let mut config = settings.engine_config();
+    config.pool.min_idle = 1;
+    // The worker reads the data files: a confined one must be allowed to.
+    for file in request.data.values() {
+        if let Some(dir) = Path::new(file).parent() {
+            config.sandbox.read_paths.push(dir.to_owned());
+        }
+    }
+    let engine = match Engine::start(config).await {
+        Ok(engine) => engine,
+        Err(err) => {
+            eprintln!("pyvisor: {err}");
+            return EXIT_USAGE;
+        }
+    };
+    let (steps, mut stepped) = mpsc::unbounded_channel();
+    let shown = tokio::spawn(async move {
+        while let Some(message) = stepped.recv().await {
+            show(&message);
+        }
+    });
+    let outcome = engine.run_task(request, None, Some(steps)).await;
+    let _ = shown.await;
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            eprintln!("pyvisor: {err}");
+            return EXIT_USAGE;
+        }
+    };
+    finish(&outcome);
+    if let Some(path) = &args.save {
+        let json = serde_json::to_vec_pretty(&outcome).expect("an outcome serializes");
+        if let Err(err) = std::fs::write(path, json) {
+            eprintln!("pyvisor: write {}: {err}", path.display());
+            return 1;
+        }
+    }
+    u8::from(outcome.status != TaskStatus::Done)
+}
+
+/// The request the arguments describe; data files are made absolute, for the worker.
+fn request(args: &TaskArgs) -> Result<TaskRequest, String> {
+    let mut data = BTreeMap::new();
+    for item in &args.data {
+        let (name, file) = match item.split_once('=') {
+            Some((name, file)) => (name.to_owned(), file),
+            None => (stem_name(Path::new(item)), item.as_str()),
+        };
+        let file = std::path::absolute(file).map_err(|err| format!("--data {item}: {err}"))?;
+        if !file.is_file() {
+            return Err(format!("--data {item}: {} is not a file", file.display()));
+        }
+        data.insert(name, file.to_string_lossy().into_owned());
+    }
+    Ok(TaskRequest {
+        kind: match args.kind {
+            Kind::Transform => TaskKind::Transform,
+            Kind::Rlm => TaskKind::Rlm,
+        },
+        prompt: args.prompt.clone(),
+        data,
+        model: args.model.clone(),
+        budget: Budget {
+            max_cost: args.max_cost,
+            max_iterations: args.max_iterations,
+            max_depth: None,
+        },
+        session_id: None,
+        task_id: None,
+    })
+}
+
+/// A Python name from a file's stem: `sales-2024.csv` → `sales_2024`.
+fn stem_name(path: &Path) -> String {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy())
+        .unwrap_or_default();
+    let mut name: String = stem
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert(0, '_');
+    }
+    name
+}
+
+/// Prints one step: the model's replies and the runs of their code; the system prompt and
+/// the engine's messages to the model are not repeated.
+fn show(message: &TaskMessage) {
+    match (message.role.as_str(), &message.execution) {
+        ("assistant", _) => {
+            println!("── model ──\n{}", message.content.trim_end());
+        }
+        (_, Some(run)) => {
+            println!("── run: {} ──", run.status.as_str());
+            for text in [&run.stdout, &run.stderr] {
+                if !text.is_empty() {
+                    print!("{text}");
+                    if !text.ends_with('\n') {
+                        println!();
+                    }
+                }
+            }
+            if let Some(error) = &run.error {
+                println!("{}", error.trim_end());
+            }
+        }
+        ("user", None) if message.content.starts_with("Request:") => {
+            println!("── task ──\n{}", message.content.trim_end());
+        }
+        _ => {}
+    }
+}
+
+/// Prints how the task ended and its final code.
+fn finish(outcome: &TaskOutcome) {
+    let status = serde_json::to_value(outcome.status).unwrap_or_default();
+    println!(
+        "── {} after {} model repl{} (${:.4}, {} tokens in, {} out) in session {} ──",
+        status.as_str().unwrap_or_default(),
+        outcome.iterations,
+        if outcome.iterations == 1 { "y" } else { "ies" },
+        outcome.cost,
+        outcome.tokens.input_tokens,
+        outcome.tokens.output_tokens,
+        outcome.session_id,
+    );
+    if let Some(error) = &outcome.error {
+        println!("error: {error}");
+    }
+    if let Some(code) = &outcome.final_code {
+        println!("final code:\n{code}");
+    }
+    if let Some(result) = &outcome.result {
+        println!("{result}");
+    }
+}
