@@ -157,13 +157,34 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn unknown_message_type_is_malformed() {
+    /// A decoder holding one frame of `body`.
+    fn holding(body: &[u8]) -> FrameDecoder {
         let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
-        let body = br#"{"type":"launch_missiles"}"#;
         decoder.extend(&(body.len() as u32).to_be_bytes());
         decoder.extend(body);
-        let result: Result<Option<WorkerMessage>, _> = decoder.next_message();
+        decoder
+    }
+
+    #[test]
+    fn an_unknown_worker_message_kind_is_unknown_and_a_bad_known_one_malformed() {
+        let body = br#"{"type":"launch_missiles","at":[1,2]}"#;
+        let result: Result<Option<WorkerMessage>, _> = holding(body).next_message();
+        assert!(
+            matches!(result, Ok(Some(WorkerMessage::Unknown))),
+            "{result:?}"
+        );
+        let body = br#"{"type":"result","id":7}"#;
+        let result: Result<Option<WorkerMessage>, _> = holding(body).next_message();
+        assert!(
+            matches!(result, Err(FrameError::Malformed(_))),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_host_message_kind_is_malformed() {
+        let body = br#"{"type":"launch_missiles"}"#;
+        let result: Result<Option<HostMessage>, _> = holding(body).next_message();
         assert!(matches!(result, Err(FrameError::Malformed(_))));
     }
 

@@ -95,6 +95,19 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
     let dispatcher = Dispatcher::new(engine.clone(), limits);
     let (stop_tx, stop_rx) = watch::channel(false);
 
+    // HTTP first: it installs the Prometheus recorder, and what the engine records before
+    // there is one is lost, so no request may be served before it (the socket's included).
+    let ready = Arc::new(AtomicBool::new(false));
+    let http = match options.http {
+        Some(listen) => Some(start_http(
+            listen,
+            dispatcher.clone(),
+            (options.max_request_bytes, options.max_connections),
+            ready.clone(),
+        )?),
+        None => None,
+    };
+
     let mut serving = tokio::task::JoinSet::new();
     let listener = listener.map(Arc::new);
     if let Some(listener) = &listener {
@@ -127,16 +140,6 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
         });
     }
 
-    let ready = Arc::new(AtomicBool::new(false));
-    let http = match options.http {
-        Some(listen) => Some(start_http(
-            listen,
-            dispatcher.clone(),
-            (options.max_request_bytes, options.max_connections),
-            ready.clone(),
-        )?),
-        None => None,
-    };
     if let Some(http) = &http {
         let addr = http.local_addr();
         eprintln!("pyvisor: HTTP on http://{addr} (metrics at http://{addr}/metrics)");
