@@ -11,8 +11,9 @@ timer, or SIGXCPU from RLIMIT_CPU, rounded up to whole seconds, as a backstop),
 "crashed: killed by SIGSEGV" (any other signal, the OOM killer's SIGKILL among them) or
 "crashed: exit status N"; "cpu_ms" is the child's user plus system CPU time, and the
 worker's in taking back its pages from the fork (see pages), done once the child is gone and
-before this message is sent. One child at a time. The reader thread kills it (SIGKILL) the moment an execute or a restore arrives, and on
-a cancel_speculation naming it, or naming a speculation still waiting for the main thread.
+before this message is sent. One child at a time. The reader thread kills it (SIGKILL) the
+moment an execute or a restore arrives, and on a cancel_speculation naming it, or naming a
+speculation still waiting for the main thread.
 
 The child never writes to fds 3 and 4 (it closes them) nor to the host's output pipes: fds 1
 and 2 are memfds, emptied before each snippet. It offers itself to the OOM killer first
