@@ -452,7 +452,12 @@ async fn after_a_speculation_the_worker_writes_its_pages_without_faulting() {
     assert_eq!(speculation.ending.as_deref(), Some("finished"));
     // The fork write-protected every page; the worker took them back before it said the
     // child was done, so the sum does not fault on each page it writes.
-    let faults: u64 = ok(&mut worker, TOUCH_FLOATS).await.stdout.trim().parse().unwrap();
+    let faults: u64 = ok(&mut worker, TOUCH_FLOATS)
+        .await
+        .stdout
+        .trim()
+        .parse()
+        .unwrap();
     assert!(faults < 100, "{faults} page faults after a speculation");
 }
 
