@@ -9,9 +9,11 @@ reaped, {"type": "speculation_done", "id", "ending", "cpu_ms"}: "ending" is "fin
 "cancelled" (killed by the worker), "cpu_limit" (it used its cpu_ms: SIGPROF from a profiling
 timer, or SIGXCPU from RLIMIT_CPU, rounded up to whole seconds, as a backstop),
 "crashed: killed by SIGSEGV" (any other signal, the OOM killer's SIGKILL among them) or
-"crashed: exit status N"; "cpu_ms" is the child's user plus system CPU time. One child at a
-time. The reader thread kills it (SIGKILL) the moment an execute or a restore arrives, and on
-a cancel_speculation naming it, or naming a speculation still waiting for the main thread.
+"crashed: exit status N"; "cpu_ms" is the child's user plus system CPU time, and the
+worker's in taking back its pages from the fork (see pages), done once the child is gone and
+before this message is sent. One child at a time. The reader thread kills it (SIGKILL) the
+moment an execute or a restore arrives, and on a cancel_speculation naming it, or naming a
+speculation still waiting for the main thread.
 
 The child never writes to fds 3 and 4 (it closes them) nor to the host's output pipes: fds 1
 and 2 are memfds, emptied before each snippet. It offers itself to the OOM killer first
@@ -28,8 +30,9 @@ import os
 import resource
 import signal
 import threading
+import time
 
-from pyvisor_worker import display, execution, protocol, snippets, state
+from pyvisor_worker import display, execution, pages, protocol, snippets, state
 
 _lock = threading.Lock()  # guards _live, _waiting_cancels and each child's flags
 _live = None  # the running child
@@ -140,7 +143,9 @@ def _collect(child, read_fd):
     except ChildProcessError:
         protocol.send(speculation_done(child.id, "crashed: reaped by the session's code", 0.0))
         return
-    cpu_ms = (usage.ru_utime + usage.ru_stime) * 1000
+    started = time.thread_time()
+    pages.reclaim()  # the child is gone: the next execution finds its pages writable
+    cpu_ms = (usage.ru_utime + usage.ru_stime + time.thread_time() - started) * 1000
     protocol.send(speculation_done(child.id, _ending(child, status), cpu_ms))
 
 

@@ -53,6 +53,7 @@ pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("pyvisor_worker/fingerprints.py"),
     worker_file!("pyvisor_worker/inspection.py"),
     worker_file!("pyvisor_worker/main.py"),
+    worker_file!("pyvisor_worker/pages.py"),
     worker_file!("pyvisor_worker/pickling.py"),
     worker_file!("pyvisor_worker/prompts.py"),
     worker_file!("pyvisor_worker/protocol.py"),
