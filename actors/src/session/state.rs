@@ -124,6 +124,16 @@ pub enum DurabilityMode {
     Reply,
 }
 
+impl DurabilityMode {
+    /// The mode's name in the config file and on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            DurabilityMode::Debounced => "debounced",
+            DurabilityMode::Reply => "reply",
+        }
+    }
+}
+
 /// What the worker said about its namespace.
 #[derive(Debug, Clone, Default)]
 pub struct Inspection {

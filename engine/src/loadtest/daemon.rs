@@ -41,13 +41,10 @@ impl HarnessDaemon {
             .tempdir()
             .map_err(|err| format!("create the daemon's directory: {err}"))?;
         let socket = dir.path().join("pyvisor.sock");
-        let mode = match durability {
-            DurabilityMode::Debounced => "debounced",
-            DurabilityMode::Reply => "reply",
-        };
         let config = format!(
             "[server]\nsocket = {socket:?}\n\n[state]\ndir = {state:?}\ndurability = \"{mode}\"\n",
             state = dir.path().join("state"),
+            mode = durability.name(),
         );
         std::fs::write(dir.path().join("config.toml"), config)
             .map_err(|err| format!("write the daemon's config: {err}"))?;

@@ -200,7 +200,7 @@ async fn run_with(scenario: &Scenario, engine: Option<Engine>) -> Result<Report,
             TargetSpec::Http { url, .. } => format!("http {url}"),
             TargetSpec::Embedded { .. } => "embedded".to_owned(),
         },
-        durability: format!("{:?}", scenario.target.durability()).to_lowercase(),
+        durability: scenario.target.durability().name().to_owned(),
         clients: scenario.clients,
     };
     let end = EndFigures {

@@ -58,6 +58,31 @@ impl Socket {
         }
     }
 
+    /// Kills and restarts `daemon`, connects to the new one and creates `sessions` again.
+    async fn restart(&self, daemon: &HarnessDaemon, sessions: &[String]) -> Result<String, String> {
+        let began = std::time::Instant::now();
+        let (killed, started, client) = daemon.kill_and_restart().await?;
+        *self.client.write().unwrap_or_else(|p| p.into_inner()) = client.clone();
+        let mut detail = format!(
+            "SIGKILL to daemon {killed}; daemon {started} answered {:.2} s later",
+            began.elapsed().as_secs_f64()
+        );
+        let mut back = 0;
+        for name in sessions {
+            let params = CreateParams {
+                name: Some(name.clone()),
+                ..CreateParams::default()
+            };
+            // Straight to the new client: `client()` waits for the restart to be over.
+            match client.create_session(params).await {
+                Ok(_) => back += 1,
+                Err(err) => detail.push_str(&format!("; {name} not back: {}", kind(err))),
+            }
+        }
+        detail.push_str(&format!("; {back} of {} sessions back", sessions.len()));
+        Ok(detail)
+    }
+
     /// The connection to the daemon, once no restart is under way.
     async fn client(&self) -> Client {
         let _ = self.restarting.subscribe().wait_for(|busy| !busy).await;
@@ -455,34 +480,9 @@ impl Target {
             return Err("the harness does not run this target's daemon".into());
         };
         socket.restarting.send_replace(true);
-        let began = std::time::Instant::now();
-        let restarted = daemon.kill_and_restart().await;
-        let mut detail = match &restarted {
-            Ok((killed, started, fresh)) => {
-                *socket.client.write().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
-                format!(
-                    "SIGKILL to daemon {killed}; daemon {started} answered {:.2} s later",
-                    began.elapsed().as_secs_f64()
-                )
-            }
-            Err(reason) => reason.clone(),
-        };
-        if let Ok((_, _, client)) = &restarted {
-            let mut back = 0;
-            for name in sessions {
-                let params = CreateParams {
-                    name: Some(name.clone()),
-                    ..CreateParams::default()
-                };
-                match client.create_session(params).await {
-                    Ok(_) => back += 1,
-                    Err(err) => detail.push_str(&format!("; {name} not back: {}", kind(err))),
-                }
-            }
-            detail.push_str(&format!("; {back} of {} sessions back", sessions.len()));
-        }
+        let restarted = socket.restart(daemon, sessions).await;
         socket.restarting.send_replace(false);
-        restarted.map(|_| detail)
+        restarted
     }
 
     /// The daemon's socket, for faults that open connections of their own.
