@@ -181,6 +181,10 @@ pub struct FaultRecord {
     pub recovered: bool,
     /// Seconds until it did.
     pub recovery_s: Option<f64>,
+    /// The fault ran in a session of its own, unnamed, and a `kill_daemon` ended that session
+    /// before it answered again: unnamed sessions do not outlive their daemon, so whether the
+    /// engine would have recovered is not known. Not counted as unrecovered.
+    pub cut_by_restart: bool,
 }
 
 /// The faults of a run, shared by the clients (which name the last one when they see a loss).
@@ -278,6 +282,7 @@ impl FaultLog {
 /// Injects one occurrence of `spec`, hitting one of `sessions` for worker faults.
 pub async fn inject(spec: &FaultSpec, target: &Target, sessions: &[String], log: &FaultLog) {
     let at_s = log.started(spec.kind);
+    let restarts_before = target.daemon_restarts();
     let hit = match spec.kind {
         FaultKind::KillWorker | FaultKind::StopWorker => {
             match sessions.get(fastrand::usize(..sessions.len().max(1))) {
@@ -317,22 +322,40 @@ pub async fn inject(spec: &FaultSpec, target: &Target, sessions: &[String], log:
         Ok((session, detail)) => (Some(session), detail),
         Err(detail) => (None, detail),
     };
+    let own = session.as_ref().is_some_and(|s| !sessions.contains(s));
+    // A restart the fault did not cause ends a session of its own: stop probing it then.
+    let cut = || own && target.daemon_restarts() != restarts_before;
     let recovery = match &session {
-        Some(session) => recovered(target, session, log).await,
-        None => None,
+        Some(session) => recovered(target, session, log, cut).await,
+        None => Recovery::Never,
     };
     // The sessions a fault made for itself end with it.
-    if let Some(own) = session.as_ref().filter(|s| !sessions.contains(s)) {
+    if let Some(own) = session.as_ref().filter(|_| own) {
         let _ = target.close(own).await;
     }
+    let recovery_s = match recovery {
+        Recovery::After(took) => Some(took.as_secs_f64()),
+        Recovery::Never | Recovery::CutByRestart => None,
+    };
     log.push(FaultRecord {
         kind: spec.kind.name(),
         at_s,
         session,
         detail,
-        recovered: recovery.is_some(),
-        recovery_s: recovery.map(|d| d.as_secs_f64()),
+        recovered: recovery_s.is_some(),
+        recovery_s,
+        cut_by_restart: matches!(recovery, Recovery::CutByRestart),
     });
+}
+
+/// What came of a recovery probe.
+enum Recovery {
+    /// The session answered `1 + 1` after this long.
+    After(Duration),
+    /// It did not within [`RECOVERY_TIMEOUT`].
+    Never,
+    /// A daemon restart ended the session (one of the fault's own) before it answered.
+    CutByRestart,
 }
 
 /// SIGKILL or SIGSTOP/SIGCONT of `session`'s worker.
@@ -425,13 +448,23 @@ async fn raw_client(spec: &FaultSpec, target: &Target) -> Result<(String, String
     Ok((session, detail))
 }
 
-/// How long `session` took to answer `1 + 1` again; `None` past the recovery timeout. What
-/// the engine reports it recovered from is kept in `log` for the session's client.
-async fn recovered(target: &Target, session: &str, log: &FaultLog) -> Option<Duration> {
+/// How long `session` took to answer `1 + 1` again, probing until the recovery timeout or
+/// until `cut` says a daemon restart ended the session. What the engine reports it recovered
+/// from is kept in `log` for the session's client.
+async fn recovered(
+    target: &Target,
+    session: &str,
+    log: &FaultLog,
+    cut: impl Fn() -> bool,
+) -> Recovery {
     log.probes().entry(session.to_owned()).or_default().running = true;
     let started = Instant::now();
-    let mut answered = None;
+    let mut answered = Recovery::Never;
     while started.elapsed() < RECOVERY_TIMEOUT {
+        if cut() {
+            answered = Recovery::CutByRestart;
+            break;
+        }
         if let Ok(result) = target.execute(session, "1 + 1", RECOVERY_TIMEOUT).await {
             if let Some(report) = result.recovered {
                 log.probes()
@@ -441,7 +474,7 @@ async fn recovered(target: &Target, session: &str, log: &FaultLog) -> Option<Dur
                     .push(report);
             }
             if result.result.as_ref().is_some_and(|r| r.repr == "2") {
-                answered = Some(started.elapsed());
+                answered = Recovery::After(started.elapsed());
                 break;
             }
         }

@@ -126,7 +126,12 @@ impl Recorder {
                 })
                 .collect::<BTreeMap<_, _>>();
             let total: u64 = ops.values().map(|o| o.count).sum();
-            let faults_unrecovered = end.faults.iter().filter(|f| !f.recovered).count() as u64;
+            let faults_unrecovered = end
+                .faults
+                .iter()
+                .filter(|f| !f.recovered && !f.cut_by_restart)
+                .count() as u64;
+            let faults_cut_by_restart = end.faults.iter().filter(|f| f.cut_by_restart).count();
             Report {
                 scenario: header.scenario,
                 target: header.target,
@@ -142,6 +147,7 @@ impl Recorder {
                 lost_state: r.lost.clone(),
                 faults: end.faults,
                 faults_unrecovered,
+                faults_cut_by_restart: faults_cut_by_restart as u64,
                 crashes: end.crashes,
                 restores: end.restores,
                 pool_hit_rate: end.pool_hit_rate,
@@ -235,6 +241,8 @@ pub struct Report {
     pub lost_state: Vec<LostState>,
     pub faults: Vec<FaultRecord>,
     pub faults_unrecovered: u64,
+    /// Faults in sessions of their own that a `kill_daemon` ended before they answered again.
+    pub faults_cut_by_restart: u64,
     /// Workers that died during the run, and namespaces restored from checkpoints.
     pub crashes: u64,
     pub restores: u64,
@@ -309,9 +317,10 @@ impl Report {
         if !self.faults.is_empty() {
             let _ = writeln!(
                 out,
-                "\nfaults ({}, {} not recovered):",
+                "\nfaults ({}, {} not recovered, {} cut short by a daemon restart):",
                 self.faults.len(),
-                self.faults_unrecovered
+                self.faults_unrecovered,
+                self.faults_cut_by_restart
             );
             for f in &self.faults {
                 let _ = writeln!(
@@ -321,6 +330,7 @@ impl Report {
                     f.kind,
                     match f.recovery_s {
                         Some(s) => format!("recovered in {s:.2} s"),
+                        None if f.cut_by_restart => "cut short by a daemon restart".to_owned(),
                         None => "NOT RECOVERED".to_owned(),
                     },
                     f.detail

@@ -5,6 +5,7 @@
 //! answers `Err(kind)` with a short error kind for the report.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::Duration;
 
@@ -46,6 +47,8 @@ pub struct Socket {
     daemon: Option<HarnessDaemon>,
     /// True while the daemon is being restarted and its sessions brought back: calls wait.
     restarting: watch::Sender<bool>,
+    /// How many times the daemon has been killed and restarted.
+    restarts: AtomicU64,
 }
 
 impl Socket {
@@ -55,6 +58,7 @@ impl Socket {
             path,
             daemon,
             restarting: watch::Sender::new(false),
+            restarts: AtomicU64::new(0),
         }
     }
 
@@ -480,9 +484,19 @@ impl Target {
             return Err("the harness does not run this target's daemon".into());
         };
         socket.restarting.send_replace(true);
+        socket.restarts.fetch_add(1, Ordering::SeqCst);
         let restarted = socket.restart(daemon, sessions).await;
         socket.restarting.send_replace(false);
         restarted
+    }
+
+    /// How many times the harness has killed and restarted the daemon so far (counted from
+    /// the kill): a session no client names does not outlive a change of this number.
+    pub fn daemon_restarts(&self) -> u64 {
+        match self {
+            Target::Socket(socket) => socket.restarts.load(Ordering::SeqCst),
+            Target::Embedded { .. } | Target::Http(_) => 0,
+        }
     }
 
     /// The daemon's socket, for faults that open connections of their own.
