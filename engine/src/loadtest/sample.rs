@@ -1,8 +1,9 @@
 //! Memory and CPU of the engine under test, sampled from `/proc` once a second: the RSS of
 //! the engine's process and of all its descendants (the zygote and the workers), and the CPU
 //! time of them all (their own and that of the children they reaped). At the end: the peaks,
-//! the CPU used during the run, and the slope of the engine's RSS after the warm-up (a
-//! least-squares fit, in MB per minute), which a leak makes positive.
+//! the CPU used during the run, and the slope of the engine's RSS after each process's warm-up
+//! (a least-squares fit within each process, pooled, in MB per minute), which a leak makes
+//! positive.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -94,19 +95,28 @@ impl Sampler {
         });
     }
 
-    /// The figures, leaving samples before `warmup` out of the slope. After a restart of the
-    /// daemon, the CPU adds up each process's share and the slope is the last process's.
+    /// The figures. The slope leaves out each process's first `warmup` (a restarted daemon
+    /// warms up again) and is fitted within each process, pooled: a leak raises every
+    /// process's RSS at the same rate, while the drop at a restart says nothing. The CPU adds
+    /// up each process's share.
     pub fn resources(&self, warmup: Duration, engine_is_harness: bool) -> Resources {
         let peak = |f: fn(&Sample) -> f64| self.samples.iter().map(f).reduce(f64::max);
+        let processes: Vec<&[Sample]> = self.samples.chunk_by(|a, b| a.pid == b.pid).collect();
         let cpu_s = (self.samples.len() > 1).then(|| {
-            (self.samples.chunk_by(|a, b| a.pid == b.pid))
+            (processes.iter())
                 .map(|run| run[run.len() - 1].cpu_s - run[0].cpu_s)
                 .sum()
         });
-        let last_pid = self.samples.last().map(|s| s.pid);
-        let settled: Vec<(f64, f64)> = (self.samples.iter())
-            .filter(|s| s.at >= warmup && Some(s.pid) == last_pid)
-            .map(|s| (s.at.as_secs_f64() / 60.0, s.engine_mb))
+        let settled: Vec<Vec<(f64, f64)>> = (processes.iter())
+            .map(|run| {
+                // Each process warms up from its first sample (a restarted daemon's first
+                // is taken once it answers).
+                let born = run[0].at;
+                (run.iter())
+                    .filter(|s| s.at >= born + warmup)
+                    .map(|s| (s.at.as_secs_f64() / 60.0, s.engine_mb))
+                    .collect()
+            })
             .collect();
         Resources {
             engine_pid: self.pid,
@@ -120,16 +130,20 @@ impl Sampler {
     }
 }
 
-/// The least-squares slope of `points`; `None` with fewer than 3 or no spread in x.
-pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
-    if points.len() < 3 {
-        return None;
+/// The least-squares slope shared by `segments`, each with an intercept of its own (a fit
+/// within segments, pooled); segments of fewer than 3 points are left out. `None` when none
+/// is left or there is no spread in x.
+pub fn slope(segments: &[Vec<(f64, f64)>]) -> Option<f64> {
+    let (mut sxx, mut sxy) = (0.0, 0.0);
+    for points in segments.iter().filter(|points| points.len() >= 3) {
+        let n = points.len() as f64;
+        let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+        let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+        sxx += points.iter().map(|p| (p.0 - mean_x).powi(2)).sum::<f64>();
+        sxy += (points.iter())
+            .map(|p| (p.0 - mean_x) * (p.1 - mean_y))
+            .sum::<f64>();
     }
-    let n = points.len() as f64;
-    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
-    let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
     (sxx > 0.0).then(|| sxy / sxx)
 }
 
@@ -191,10 +205,50 @@ mod tests {
     #[test]
     fn the_slope_of_a_line_is_its_gradient_and_flat_is_zero() {
         let line: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, 3.0 + 2.0 * i as f64)).collect();
-        assert!((slope(&line).unwrap() - 2.0).abs() < 1e-9);
+        assert!((slope(std::slice::from_ref(&line)).unwrap() - 2.0).abs() < 1e-9);
         let flat: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, 5.0)).collect();
-        assert_eq!(slope(&flat), Some(0.0));
-        assert_eq!(slope(&line[..2]), None);
+        assert_eq!(slope(&[flat]), Some(0.0));
+        assert_eq!(slope(&[line[..2].to_vec()]), None);
+    }
+
+    #[test]
+    fn a_restart_that_drops_the_memory_does_not_hide_a_leak() {
+        // Two processes leaking 2 MB a minute, the second starting lower: one fit over both
+        // would see the drop; the pooled fit sees the leak.
+        let first: Vec<(f64, f64)> = (0..10)
+            .map(|i| (i as f64, 100.0 + 2.0 * i as f64))
+            .collect();
+        let second: Vec<(f64, f64)> = (10..20)
+            .map(|i| (i as f64, 2.0 * i as f64 - 10.0))
+            .collect();
+        assert!((slope(&[first, second]).unwrap() - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn each_process_warms_up_from_its_first_sample() {
+        let sample = |pid, s, mb| Sample {
+            pid,
+            at: Duration::from_secs(s),
+            engine_mb: mb,
+            workers_mb: 0.0,
+            cpu_s: 0.0,
+        };
+        let mut sampler = Sampler::new(Some(1), Instant::now());
+        // Process 1 climbs 50 MB in its 5 s of warm-up, then leaks 1 MB a minute; process 2
+        // (after a restart at 60 s) does the same from a lower start.
+        for (pid, born) in [(1, 0), (2, 60)] {
+            for s in 0..60_u64 {
+                let warm = (s.min(5) * 10) as f64;
+                let leak = s.saturating_sub(5) as f64 / 60.0;
+                sampler
+                    .samples
+                    .push(sample(pid, born + s, 20.0 + warm + leak));
+            }
+        }
+        let slope = sampler
+            .resources(Duration::from_secs(5), false)
+            .rss_slope_mb_per_min;
+        assert!((slope.unwrap() - 1.0).abs() < 1e-6, "{slope:?}");
     }
 
     #[test]
