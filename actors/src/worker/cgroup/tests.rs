@@ -77,14 +77,24 @@ fn pids_limit_contains_fork_bomb_and_drop_kills_it() {
     let leaf = leaf(&manager, "w-pids", Some(8), None);
     let script = "sleep 0.2; for i in $(seq 50); do sleep 5 & done; wait";
     let mut child = spawn_in(&leaf, "sh", &["-c", script]);
+    // Watch until the controller has refused a fork (its `pids.events` counts them) and the
+    // leaf was seen full of sleepers.
+    let refused = || {
+        leaf.dirs()
+            .iter()
+            .filter_map(|dir| std::fs::read_to_string(dir.join("pids.events")).ok())
+            .filter_map(|events| events.trim().strip_prefix("max ")?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
     let (mut most, mut seen) = (0, HashSet::new());
-    let until = Instant::now() + Duration::from_millis(1500);
-    while Instant::now() < until {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until && (refused() == 0 || most < 2) {
         let pids = leaf.pids();
         most = most.max(pids.len());
         seen.extend(pids);
         sleep(Duration::from_millis(5));
     }
+    assert!(refused() > 0, "the pids controller refused no fork");
     assert!(
         (2..=8).contains(&most),
         "{most} processes in a leaf limited to 8"
