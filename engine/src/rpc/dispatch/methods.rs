@@ -82,7 +82,7 @@ impl Dispatcher {
         at: &Scope<'_>,
         params: wire::ExecuteParams,
         out: &Outbound,
-    ) -> Result<wire::ExecutionResult, RpcError> {
+    ) -> Result<crate::ExecutionResult, RpcError> {
         let mut request = ExecuteRequest::new(params.code);
         if let Some(timeout_s) = params.timeout_s {
             request.timeout = Some(self.limit_policy().timeout("timeout_s", timeout_s)?);
@@ -228,15 +228,7 @@ impl Dispatcher {
                 state_bytes: info.state_bytes,
                 execution_count: info.meta.execution_count,
                 saved: info.meta.names_saved,
-                lost: info
-                    .meta
-                    .names_lost
-                    .into_iter()
-                    .map(|lost| wire::LostName {
-                        name: lost.name,
-                        reason: lost.reason,
-                    })
-                    .collect(),
+                lost: info.meta.names_lost,
             })
             .collect())
     }
