@@ -18,6 +18,9 @@ pub struct ExecuteRequest {
     pub timeout: Option<Duration>,
     /// Whether `input()` is forwarded to the caller (otherwise it raises `EOFError`).
     pub input: bool,
+    /// Whether output and displays reach the caller as events while the code runs; the
+    /// result carries all of them either way.
+    pub stream: bool,
     /// Wait behind a running execution (`true`) or fail with "session busy" (`false`).
     pub queue: bool,
     /// What a failure does to the namespace.
@@ -36,6 +39,7 @@ impl ExecuteRequest {
             code: code.into(),
             timeout: None,
             input: false,
+            stream: true,
             queue: true,
             transaction: Transaction::CommitAlways,
             cache: true,
@@ -46,6 +50,12 @@ impl ExecuteRequest {
     /// Sets a wall-clock limit for this execution.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Sends no output or display events: only the result, which carries them all.
+    pub fn no_stream(mut self) -> Self {
+        self.stream = false;
         self
     }
 

@@ -111,12 +111,22 @@ impl Running {
 
     fn keep_output(&mut self, stream: OutputStream, text: &str) {
         let kept = self.output.push(stream == OutputStream::Stderr, text);
-        if !kept.is_empty() {
+        if !kept.is_empty() && self.request.stream {
             let _ = self.events.send(Ok(ExecutionEvent::Output {
                 stream,
                 data: kept.to_owned(),
             }));
         }
+    }
+
+    /// Records a display for the result and streams it to the caller.
+    pub fn push_display(&mut self, display: DisplayData) {
+        if self.request.stream {
+            let _ = self
+                .events
+                .send(Ok(ExecutionEvent::Display(display.clone())));
+        }
+        self.display.push(display);
     }
 
     /// Builds the result and sends it to the caller as the last event.

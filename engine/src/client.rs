@@ -52,9 +52,10 @@ pub use self::execution::{ClientExecution, Event};
 pub use crate::errors::ClientError;
 use crate::rpc::code;
 use crate::rpc::wire::{
-    self, method, CheckpointEntry, CheckpointTaken, CreateParams, Created, ExecuteParams,
-    ExecutionResult, Health, SessionInfo, Stats,
+    self, method, CheckpointEntry, CheckpointTaken, CreateParams, Created, ExecuteParams, Health,
+    SessionInfo, Stats,
 };
+use crate::ExecutionResult;
 
 /// A connection to a pyvisor daemon. Cheap to clone; the last clone dropped closes it.
 #[derive(Clone)]

@@ -1,5 +1,5 @@
 //! Settings of an embedded engine, with the defaults of docs/config.md; the daemon's TOML
-//! configuration is read in [`file`] and mapped onto them in [`resolve`].
+//! configuration is read in `file` and mapped onto them in `resolve` (with the `server` feature).
 
 #[cfg(feature = "server")]
 mod file;

@@ -92,7 +92,7 @@ pub use config::{
 };
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;
-pub use pyvisor_actors::checkpoint::{default_state_dir, CheckpointInfo};
+pub use pyvisor_actors::checkpoint::{default_state_dir, CheckpointInfo, LostName};
 pub use pyvisor_actors::memory::{
     ExecutionMeta, FeedbackTarget, FoundOutcome, Insight, MemoryStats,
 };

@@ -110,6 +110,8 @@ impl Session {
     ) -> Result<ExecutionResult, EngineError> {
         let mut request = request.into();
         request.input = false;
+        // Nobody reads them: the result carries all the output.
+        request.stream = false;
         let (events_tx, mut events) = mpsc::unbounded_channel();
         self.handle.addr.do_send(Execute {
             request,

@@ -212,6 +212,81 @@ async fn start_status_stop_round_trip() {
     assert!(!home.lock_file().exists(), "stop leaves no pid.lock behind");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_serve_on_the_same_state_dir_is_refused_while_the_first_lives() {
+    let home = Home::new();
+    let pid = home.start(&[]);
+    let serve = |args: &[&str]| {
+        common::command(home.path())
+            .arg("serve")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    // Started by hand on the same socket: the live socket refuses it.
+    let out = serve(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(
+        stderr(&out).contains("another pyvisor daemon is serving there"),
+        "{}",
+        show(&out)
+    );
+    // On a socket of its own: the engine's lock on the state directory refuses it.
+    let other = home.path().join("run/other.sock");
+    let out = serve(&["--socket", other.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(!other.exists(), "the refused daemon left its socket");
+    assert!(
+        stderr(&out).contains(&format!("in use by another pyvisor engine (pid {pid})")),
+        "{}",
+        show(&out)
+    );
+    // Given the PID file as `daemon start` gives it: the daemon's lock refuses it first.
+    let out = serve(&["--pid-file", home.pid_file().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(
+        stderr(&out).contains(&format!("already running (pid {pid})")),
+        "{}",
+        show(&out)
+    );
+    // The first daemon still owns its PID file and answers on its socket.
+    assert_eq!(home.pid(), Some(pid));
+    let mut conn = Conn::connect(&home.socket()).await.unwrap();
+    let health = conn.call("engine.health", json!({})).await;
+    assert_eq!(health["status"], "ok", "{health}");
+    drop(conn);
+    let out = home.daemon(&["stop"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+}
+
+#[test]
+fn a_lock_left_by_a_sigkilled_daemon_does_not_block_a_new_one() {
+    let home = Home::new();
+    let pid = home.start(&[]);
+    killpg(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || !is_running(pid)),
+        "the daemon outlived SIGKILL"
+    );
+    // Its PID file is left, and no lock with it: stale.
+    assert_eq!(home.pid(), Some(pid));
+    let out = home.daemon(&["status"]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(
+        stdout(&out).contains(&format!("stale PID file {}", home.pid_file().display())),
+        "{}",
+        show(&out)
+    );
+    let again = home.start(&[]);
+    assert_ne!(again, pid);
+    let out = home.daemon(&["status"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let out = home.daemon(&["stop"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(!is_running(again));
+}
+
 #[test]
 fn stale_pid_file_of_a_dead_process_is_replaced() {
     let home = Home::new();

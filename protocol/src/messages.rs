@@ -393,7 +393,8 @@ pub enum WorkerMessage {
     Unknown,
 }
 
-/// A name a checkpoint could not save, or a restore could not bring back.
+/// A name a checkpoint could not save, or a restore could not bring back, and why. Also part
+/// of the checkpoint files' metadata: changing its fields changes their format.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LostName {
     pub name: String,

@@ -47,6 +47,23 @@ async fn print_streams_before_the_execution_ends() {
 }
 
 #[tokio::test]
+async fn an_execution_that_does_not_stream_gets_only_its_result_with_all_output() {
+    let (_engine, session) = session().await;
+    let code = "import os\nprint('one')\nos.write(2, b'two\\n')\ndisplay('three')";
+    let request = ExecuteRequest::new(code).no_stream();
+    let mut execution = session.execute(request).await.unwrap();
+    let first = within(execution.next()).await.expect("the result");
+    let ExecutionEvent::Finished(result) = first else {
+        panic!("an event before the result: {first:?}");
+    };
+    assert_eq!(result.status, ExecutionStatus::Ok, "{result:?}");
+    assert_eq!(result.stdout, "one\n");
+    assert_eq!(result.stderr, "two\n");
+    assert_eq!(result.display.len(), 1, "{:?}", result.display);
+    assert!(within(execution.next()).await.is_none());
+}
+
+#[tokio::test]
 async fn os_write_and_child_process_output_are_captured_in_order() {
     let (_engine, session) = session().await;
     let code = "import os, subprocess, sys\n\

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::SystemTime;
 
-use serde::{Deserialize, Serialize};
+pub use pyvisor_protocol::LostName;
 
 use super::blobs::LoadedGroup;
 use super::errors::{CheckpointError, CorruptionError};
@@ -48,17 +48,6 @@ impl FromStr for CheckpointId {
                 input: input.to_owned(),
             })
     }
-}
-
-/// A name the worker could not save, and why.
-///
-/// Part of the on-disk envelope: changing its fields changes the file format.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LostName {
-    /// The name in the session's namespace.
-    pub name: String,
-    /// Why it could not be saved, as the worker reported it.
-    pub reason: String,
 }
 
 /// The metadata a caller attaches to a checkpoint.

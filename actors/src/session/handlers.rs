@@ -1,5 +1,5 @@
 //! The messages a [`SessionActor`] handles: each handler checks the request against the
-//! session's state and hands the work to the actor's methods in `session.rs` (executions)
+//! session's state and hands the work to the actor's methods in `executions.rs`
 //! and `state.rs` (checkpoints, restores, inspection).
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! The messages a [`super::SessionActor`] accepts, their replies, and the snapshot it
-//! reports. Callers construct these; the actor's handlers live beside it in `session.rs`.
+//! reports. Callers construct these; the actor's handlers are in `handlers.rs`.
 
 use actix::prelude::*;
 use tokio::sync::mpsc;

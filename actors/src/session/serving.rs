@@ -17,7 +17,7 @@ use actix::prelude::*;
 use pyvisor_protocol::HostMessage;
 
 use super::{host_error, SessionActor, State};
-use crate::execution::{DisplayData, ExecutionEvent, ExecutionStatus, OutputStream};
+use crate::execution::{DisplayData, ExecutionStatus, OutputStream};
 use crate::proactive::cache::{CacheEntry, Take};
 use crate::proactive::predict::normalise;
 use crate::worker::is_running;
@@ -219,14 +219,10 @@ impl SessionActor {
         running.push_output(OutputStream::Stdout, outcome.stdout.as_bytes());
         running.push_output(OutputStream::Stderr, outcome.stderr.as_bytes());
         for item in &outcome.display {
-            let display = DisplayData {
+            running.push_display(DisplayData {
                 mime: item.mime.clone(),
                 data: item.data.clone(),
-            };
-            let _ = running
-                .events
-                .send(Ok(ExecutionEvent::Display(display.clone())));
-            running.display.push(display);
+            });
         }
         if let Some(proactive) = &mut self.proactive {
             proactive.setup.counters.hit(entry.source, joined);

@@ -369,14 +369,7 @@ impl SessionActor {
         let meta = CheckpointMeta {
             execution_count,
             names_saved: report.saved.clone(),
-            names_lost: report
-                .lost
-                .iter()
-                .map(|l| crate::checkpoint::LostName {
-                    name: l.name.clone(),
-                    reason: l.reason.clone(),
-                })
-                .collect(),
+            names_lost: report.lost.clone(),
         };
         let (saved, lost) = (report.saved, report.lost);
         let gate = self.durability.store_gate.clone();

@@ -152,11 +152,7 @@ impl SessionActor {
                 self.adopt_done(fresh, ctx);
             }
             WorkerMessage::Display { id, mime, data } if id == execution_id => {
-                let display = DisplayData { mime, data };
-                let _ = running
-                    .events
-                    .send(Ok(ExecutionEvent::Display(display.clone())));
-                running.display.push(display);
+                running.push_display(DisplayData { mime, data });
             }
             other => self.kill_worker(format!("unexpected message: {other:?}")),
         }

@@ -1,13 +1,14 @@
 //! `pyvisor daemon start|stop|status`: run `pyvisor serve` in the background, owned through a
 //! PID file, for hosts without systemd (under systemd, use the unit in `examples/systemd/`).
 //!
-//! `start` spawns `pyvisor serve` in a new session with its output appended to the log file,
-//! writes the PID file, and returns once the socket answers `engine.health`. `stop` sends
+//! `start` spawns `pyvisor serve` in a new session with its output appended to the log file;
+//! the daemon takes and writes the PID file, and `start` returns once the socket answers `engine.health`. `stop` sends
 //! SIGTERM (the daemon drains, checkpoints and exits), waits, and with `--force` SIGKILLs the
 //! daemon's process group when it takes too long. `status` reads the PID file and asks the
-//! socket for figures. A PID file is believed only when its process really is `pyvisor
-//! serve`; otherwise it is stale, reported, and replaced or removed, and its process is never
-//! signalled. The PID file, socket and log are the ones `pyvisor config check` shows.
+//! socket for figures. The daemon holds an `flock` on its PID file for its whole life
+//! (`pidfile`): a PID file is believed only while its lock is held; otherwise it is stale,
+//! reported, and replaced or removed, and its pid is never signalled. The PID file, socket and
+//! log are the ones `pyvisor config check` shows.
 //!
 //! Exit status (start/stop follow LSB init scripts, status LSB's `status` action):
 //! - `start`: 0 started or already running; 1 failed to start, or a daemon that `daemon
@@ -17,7 +18,7 @@
 //! - `status`: 0 running; 1 not running but a stale PID file is left; 3 not running;
 //!   4 running but its socket does not answer; 2 usage or configuration error.
 
-mod pidfile;
+pub(super) mod pidfile;
 mod process;
 
 use std::fs::{File, OpenOptions};
@@ -31,13 +32,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use nix::unistd::Pid;
 use pyvisor::client::{Client, ClientError};
 use pyvisor::config::Settings;
 use pyvisor::rpc::wire::Health;
 
-use self::pidfile::{Contents, PidFile};
-use self::process::State;
+use self::pidfile::{shown, Holder, PidFile};
 use super::EXIT_USAGE;
 
 /// How long `start` waits for the new daemon to answer on its socket.
@@ -151,39 +150,18 @@ impl Daemon {
         })
     }
 
-    fn state(&self, pid: Pid) -> State {
-        process::state(pid, self.exe.as_deref())
-    }
-
-    /// Why the PID file is stale, or `None` when it names a live daemon.
-    fn stale_reason(&self, contents: &Contents) -> Option<String> {
-        match contents {
-            Contents::Missing => None,
-            Contents::Pid(pid) => match self.state(*pid) {
-                State::Daemon => None,
-                State::Other => Some(format!(
-                    "process {pid} is not a pyvisor daemon (the pid was reused)"
-                )),
-                State::Gone => Some(format!("process {pid} is not running")),
-            },
-            Contents::Invalid(reason) => Some(reason.clone()),
-        }
-    }
-
     async fn start(&self) -> anyhow::Result<u8> {
         let _lock = self.pid_file.lock()?;
-        let contents = self.pid_file.read()?;
-        if let Contents::Pid(pid) = contents {
-            if self.state(pid) == State::Daemon {
-                println!("pyvisor: already running (pid {pid})");
+        match self.pid_file.probe()? {
+            Holder::Live(pid) => {
+                println!("pyvisor: already running (pid {})", shown(pid));
                 return Ok(0);
             }
-        }
-        if let Some(reason) = self.stale_reason(&contents) {
-            eprintln!(
+            Holder::Stale(reason) => eprintln!(
                 "pyvisor: stale PID file {}: {reason}; replacing it",
                 self.pid_file
-            );
+            ),
+            Holder::Missing => {}
         }
         if health(&self.socket).await.is_ok() {
             eprintln!(
@@ -198,19 +176,14 @@ impl Daemon {
         let log = open_log(&log_path)?;
         let log_start = log.metadata().map_or(0, |meta| meta.len());
         let mut child = self.spawn_serve(log)?;
-        let pid = Pid::from_raw(i32::try_from(child.id()).context("read the daemon's pid")?);
-        if let Err(err) = self.pid_file.write(pid) {
-            let _ = process::kill_group(pid);
-            let _ = child.wait();
-            return Err(err);
-        }
+        let pid = child.id();
 
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = child.try_wait().context("wait for the daemon")? {
                 eprintln!("pyvisor: the daemon exited during start-up ({status})");
                 eprint!("{}", log_tail(&log_path, log_start, LOG_TAIL_LINES));
-                self.pid_file.remove_if(pid)?;
+                self.pid_file.remove_unheld()?;
                 return Ok(1);
             }
             if let Ok(health) = health(&self.socket).await {
@@ -241,13 +214,17 @@ impl Daemon {
     /// process group), stdin from /dev/null, stdout and stderr appended to `log`. It keeps
     /// the working directory and environment, so relative paths and `PYVISOR_*` overrides mean
     /// what they meant here.
+    /// The daemon holds the PID file (`--pid-file`) from its first step to its exit.
     fn spawn_serve(&self, log: File) -> anyhow::Result<Child> {
         let exe = self
             .exe
             .as_deref()
             .context("find the pyvisor binary to run")?;
         let mut command = Command::new(exe);
-        command.arg("serve");
+        command
+            .arg("serve")
+            .arg("--pid-file")
+            .arg(self.pid_file.path());
         if let Some(config) = &self.source {
             command.arg("--config").arg(config);
         }
@@ -290,12 +267,18 @@ impl Daemon {
 
     /// `stop` with the PID file's lock held.
     async fn stop_locked(&self, timeout: Duration, force: bool) -> anyhow::Result<u8> {
-        let contents = self.pid_file.read()?;
-        let pid = match contents {
-            Contents::Pid(pid) if self.state(pid) == State::Daemon => pid,
-            _ => {
-                if let Some(reason) = self.stale_reason(&contents) {
-                    self.pid_file.remove()?;
+        let pid = match self.pid_file.probe()? {
+            Holder::Live(Some(pid)) => pid,
+            Holder::Live(None) => {
+                eprintln!(
+                    "pyvisor: the daemon holding {} has not written its pid yet; no PID to signal",
+                    self.pid_file
+                );
+                return Ok(1);
+            }
+            holder => {
+                if let Holder::Stale(reason) = holder {
+                    self.pid_file.remove_unheld()?;
                     eprintln!(
                         "pyvisor: removed the stale PID file {}: {reason}",
                         self.pid_file
@@ -315,8 +298,8 @@ impl Daemon {
         };
 
         process::terminate(pid).with_context(|| format!("send SIGTERM to {pid}"))?;
-        if process::wait_gone(pid, self.exe.as_deref(), timeout).await {
-            self.pid_file.remove_if(pid)?;
+        if self.pid_file.wait_released(timeout).await? {
+            self.pid_file.remove_unheld()?;
             println!("pyvisor: stopped (pid {pid})");
             return Ok(0);
         }
@@ -334,11 +317,11 @@ impl Daemon {
             seconds(timeout)
         );
         process::kill_group(pid).with_context(|| format!("send SIGKILL to {pid}"))?;
-        if !process::wait_gone(pid, self.exe.as_deref(), KILL_WAIT).await {
+        if !self.pid_file.wait_released(KILL_WAIT).await? {
             eprintln!("pyvisor: process {pid} survived SIGKILL");
             return Ok(1);
         }
-        self.pid_file.remove_if(pid)?;
+        self.pid_file.remove_unheld()?;
         // Killed, it could not remove its socket; a later `serve` would replace it anyway.
         if health(&self.socket).await.is_err() {
             let _ = std::fs::remove_file(&self.socket);
@@ -348,12 +331,10 @@ impl Daemon {
     }
 
     async fn status(&self) -> anyhow::Result<u8> {
-        let contents = self.pid_file.read()?;
-        let pid = match &contents {
-            Contents::Pid(pid) if self.state(*pid) == State::Daemon => Some(*pid),
-            Contents::Missing => None,
-            _ => {
-                let reason = self.stale_reason(&contents).unwrap_or_default();
+        let pid = match self.pid_file.probe()? {
+            Holder::Live(pid) => Some(shown(pid)),
+            Holder::Missing => None,
+            Holder::Stale(reason) => {
                 println!(
                     "pyvisor: not running (stale PID file {}: {reason})",
                     self.pid_file
@@ -367,7 +348,7 @@ impl Daemon {
             let stats = within("engine.stats", client.stats()).await?;
             anyhow::Ok((health, stats))
         };
-        let (health, stats) = match (pid, figures.await) {
+        let (health, stats) = match (&pid, figures.await) {
             (_, Ok(figures)) => figures,
             (None, Err(_)) => {
                 println!("pyvisor: not running");

@@ -7,6 +7,7 @@ use clap::Args;
 use pyvisor::config::Settings;
 use pyvisor::server::{self, HttpListen, Listen, Reload, ServeOptions};
 
+use super::daemon::pidfile::{shown, PidFile};
 use super::EXIT_USAGE;
 
 /// Arguments of `pyvisor serve`.
@@ -24,9 +25,30 @@ pub struct ServeArgs {
     /// Speak JSON-RPC on stdin/stdout instead of a socket.
     #[arg(long)]
     stdio: bool,
+    /// The PID file to hold locked for the daemon's life (given by `pyvisor daemon start`).
+    #[arg(long, value_name = "PATH", hide = true)]
+    pid_file: Option<PathBuf>,
 }
 
 pub async fn run(args: ServeArgs) -> u8 {
+    // Before anything else: a second daemon on this PID file must not touch the first's socket.
+    let _pid_file = match args.pid_file.map(PidFile::new) {
+        Some(file) => match file.hold() {
+            Ok(Ok(held)) => Some(held),
+            Ok(Err(pid)) => {
+                eprintln!(
+                    "pyvisor: already running (pid {}): {file} is held",
+                    shown(pid)
+                );
+                return 1;
+            }
+            Err(err) => {
+                eprintln!("pyvisor: failed to {err:#}");
+                return 1;
+            }
+        },
+        None => None,
+    };
     let loaded = match Settings::load(args.config.as_deref()) {
         Ok(loaded) => loaded,
         Err(err) => {

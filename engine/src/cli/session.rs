@@ -9,9 +9,8 @@ use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
 use pyvisor::client::Client;
-use pyvisor::rpc::wire::{
-    CheckpointEntry, CheckpointTaken, LostName, Restored, SessionInfo, VariableInfo,
-};
+use pyvisor::rpc::wire::{CheckpointEntry, CheckpointTaken, Restored, SessionInfo, VariableInfo};
+use pyvisor::LostName;
 
 use super::table::{age, bytes, or_dash, render_or};
 use super::target::{refused, Target};

@@ -24,8 +24,9 @@ use tokio::task::JoinHandle;
 use super::execution::{Event, Update};
 use crate::errors::ClientError;
 use crate::rpc::framing::{self, Frame};
-use crate::rpc::wire::{self, method, notification, ExecuteParams, ExecutionResult};
+use crate::rpc::wire::{self, method, notification, ExecuteParams};
 use crate::rpc::{code, RpcError};
+use crate::ExecutionResult;
 
 /// Longest line accepted from the server. A result holds at most `limits.output_bytes` of
 /// each stream (10 MiB by default), JSON-escaped; this leaves room for generous limits.

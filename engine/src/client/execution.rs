@@ -9,7 +9,7 @@ use futures::Stream;
 use super::connection::Updates;
 use super::Client;
 use crate::errors::ClientError;
-use crate::rpc::wire::{ExecutionResult, OutputStream};
+use crate::{ExecutionResult, OutputStream};
 
 /// Something that happened during a streaming execution, in the order it happened.
 #[derive(Debug, Clone, PartialEq)]

@@ -7,11 +7,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-pub use pyvisor_actors::memory::{ExecutionMeta, MemoryStats};
-pub use pyvisor_actors::pool::PoolStats;
-pub use pyvisor_actors::proactive::stats::ProactiveStats;
-pub use pyvisor_actors::{DisplayData, ExecutionResult, OutputStream, Transaction};
-pub use pyvisor_protocol::LostName;
+use crate::{
+    ExecutionMeta, LostName, MemoryStats, OutputStream, PoolStats, ProactiveStats, Transaction,
+};
 
 /// `session.create` params.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

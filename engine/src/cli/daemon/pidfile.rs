@@ -1,29 +1,38 @@
-//! The PID file `pyvisor daemon start` writes and `daemon stop` removes: parsing its text,
-//! writing it atomically (a temp file renamed over it, in a directory created 0700), and the
-//! lock file beside it that keeps two `daemon` commands from racing.
+//! The PID file of the background daemon, which is also its lock: the `pyvisor serve` that
+//! `pyvisor daemon start` spawns (with the hidden `--pid-file`) takes an exclusive `flock` on
+//! it before anything else, writes its pid inside and holds the lock for its whole life. A
+//! PID file whose lock nobody holds is stale, whatever its pid now names: the kernel drops the
+//! lock when its holder dies, however it dies (SIGKILL included), so no process is ever
+//! guessed to be the daemon from its command line. Beside it, `<pid file>.lock` keeps two
+//! `daemon` commands from racing.
 //!
-//! `pyvisor serve` itself never touches the PID file: under systemd the unit knows the pid,
-//! and in the background `daemon start` owns the file from spawn to `daemon stop`.
+//! `pyvisor serve` run by hand or by systemd never touches the PID file.
 
 use std::fmt;
 use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use nix::unistd::Pid;
+use pyvisor_actors::worker::is_running;
 
-/// What the PID file holds.
+/// How long a starting daemon retries its lock while a `daemon status` probes it.
+const HOLD_RETRY: Duration = Duration::from_secs(1);
+
+/// What the PID file says of the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Contents {
+pub enum Holder {
     /// There is no PID file.
     Missing,
-    /// A process id.
-    Pid(Pid),
-    /// Text that is not a process id; the reason says why.
-    Invalid(String),
+    /// A live daemon holds the file's lock; its pid, `None` while it has not written it yet.
+    Live(Option<Pid>),
+    /// Nobody holds the lock: the file is stale; the reason says why.
+    Stale(String),
 }
 
 /// The daemon's PID file.
@@ -38,93 +47,141 @@ impl PidFile {
         Self { path }
     }
 
-    /// Reads and parses it.
-    pub fn read(&self) -> anyhow::Result<Contents> {
-        match std::fs::read_to_string(&self.path) {
-            Ok(text) => Ok(match parse_pid(&text) {
-                Ok(pid) => Contents::Pid(pid),
-                Err(reason) => Contents::Invalid(reason),
-            }),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(Contents::Missing),
-            Err(err) => Err(err).with_context(|| format!("read {}", self.path.display())),
+    /// Its path, handed to the `serve` that is to hold it.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether a live daemon holds the file, and which.
+    pub fn probe(&self) -> anyhow::Result<Holder> {
+        let mut file = match File::open(&self.path) {
+            Ok(file) => file,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Holder::Missing),
+            Err(err) => return Err(err).with_context(|| format!("open {}", self.path.display())),
+        };
+        let mut text = String::new();
+        file.read_to_string(&mut text)
+            .with_context(|| format!("read {}", self.path.display()))?;
+        match Flock::lock(file, FlockArg::LockSharedNonblock) {
+            Err((_, Errno::EWOULDBLOCK)) => Ok(Holder::Live(parse_pid(&text).ok())),
+            Err((_, errno)) => {
+                Err(io::Error::from(errno)).with_context(|| format!("lock {}", self.path.display()))
+            }
+            Ok(_probe) => Ok(Holder::Stale(match parse_pid(&text) {
+                Ok(pid) if is_running(pid.as_raw() as u32) => {
+                    format!("process {pid} is not a pyvisor daemon (the pid was reused)")
+                }
+                Ok(pid) => format!("process {pid} is not running"),
+                Err(reason) => reason,
+            })),
         }
     }
 
-    /// Writes `pid` atomically: readers see the old file or the new one, never a partial one.
-    pub fn write(&self, pid: Pid) -> anyhow::Result<()> {
-        create_private_dir(&self.path)?;
-        let temp = self.path.with_file_name(format!(
-            ".{}.{}.tmp",
-            file_name(&self.path),
-            std::process::id()
-        ));
-        let written = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o644)
-                .open(&temp)?;
+    /// Waits up to `limit` until no daemon holds the file; whether none does.
+    pub async fn wait_released(&self, limit: Duration) -> anyhow::Result<bool> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if !matches!(self.probe()?, Holder::Live(_)) {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Takes the file's lock for this process, the daemon, and writes its pid inside; or
+    /// names the pid of the live daemon that holds it (`None` if it has not written it yet).
+    pub fn hold(&self) -> anyhow::Result<Result<HeldPidFile, Option<Pid>>> {
+        let deadline = Instant::now() + HOLD_RETRY;
+        let mut file = loop {
+            match lock_at(&self.path, FlockArg::LockExclusiveNonblock, 0o644)? {
+                Some(file) => break file,
+                // A `daemon status` probing it lets go at once; a daemon never does.
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                None => {
+                    return Ok(Err(match self.probe()? {
+                        Holder::Live(pid) => pid,
+                        _ => None,
+                    }))
+                }
+            }
+        };
+        let pid = std::process::id();
+        (|| {
+            file.set_len(0)?;
+            file.rewind()?;
             writeln!(file, "{pid}")?;
-            file.sync_all()?;
-            std::fs::rename(&temp, &self.path)
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temp);
-        }
-        written.with_context(|| format!("write {}", self.path.display()))
+            file.sync_all()
+        })()
+        .with_context(|| format!("write {}", self.path.display()))?;
+        Ok(Ok(HeldPidFile { _file: file }))
     }
 
-    /// Removes it if it still names `pid` (a newer daemon's file is left alone).
-    pub fn remove_if(&self, pid: Pid) -> anyhow::Result<()> {
-        if self.read()? == Contents::Pid(pid) {
-            self.remove()?;
+    /// Removes it unless a live daemon holds it; a missing file is fine.
+    pub fn remove_unheld(&self) -> anyhow::Result<()> {
+        if let Some(file) = lock_at(&self.path, FlockArg::LockExclusiveNonblock, 0o644)? {
+            PidLock {
+                file,
+                path: self.path.clone(),
+            }
+            .remove()?;
         }
         Ok(())
-    }
-
-    /// Removes it; a missing file is fine.
-    pub fn remove(&self) -> anyhow::Result<()> {
-        match std::fs::remove_file(&self.path) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => {
-                Err(err).with_context(|| format!("remove {}", self.path.display()))
-            }
-            _ => Ok(()),
-        }
     }
 
     /// Takes the exclusive lock beside the PID file (`<pid file>.lock`), waiting for another
     /// `daemon start` or `daemon stop` to finish. Released when the guard is dropped;
     /// [`PidLock::remove`] also removes the file once no daemon is left.
     pub fn lock(&self) -> anyhow::Result<PidLock> {
-        create_private_dir(&self.path)?;
         let path = self
             .path
             .with_file_name(format!("{}.lock", file_name(&self.path)));
-        loop {
-            let file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(&path)
-                .with_context(|| format!("open {}", path.display()))?;
-            let file = Flock::lock(file, FlockArg::LockExclusive)
-                .map_err(|(_, errno)| io::Error::from(errno))
-                .with_context(|| format!("lock {}", path.display()))?;
-            // The command that held the lock may have removed the file meanwhile: then this
-            // lock is on a file nobody else will open, and the one to take is at the path now.
-            let held = file
-                .metadata()
-                .with_context(|| format!("stat {}", path.display()))?;
-            match std::fs::metadata(&path) {
-                Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => {
-                    return Ok(PidLock { file, path });
-                }
-                Ok(_) => continue,
-                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
-                Err(err) => return Err(err).with_context(|| format!("stat {}", path.display())),
+        let file = lock_at(&path, FlockArg::LockExclusive, 0o600)?
+            .expect("a blocking lock is taken or fails");
+        Ok(PidLock { file, path })
+    }
+}
+
+/// The PID file's lock, held by the daemon until it exits.
+#[derive(Debug)]
+pub struct HeldPidFile {
+    _file: Flock<File>,
+}
+
+/// Opens (creating it with `mode`, its directory 0700) and locks the file at `path`; `None`
+/// when a non-blocking `how` finds it locked. If the holder removed the file meanwhile, this
+/// lock is on a file nobody else will open: the one to take is at the path now.
+fn lock_at(path: &Path, how: FlockArg, mode: u32) -> anyhow::Result<Option<Flock<File>>> {
+    create_private_dir(path)?;
+    loop {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(mode)
+            .open(path)
+            .with_context(|| format!("open {}", path.display()))?;
+        let file = match Flock::lock(file, how) {
+            Ok(file) => file,
+            Err((_, Errno::EWOULDBLOCK)) => return Ok(None),
+            Err((_, errno)) => {
+                return Err(io::Error::from(errno))
+                    .with_context(|| format!("lock {}", path.display()))
             }
+        };
+        let held = file
+            .metadata()
+            .with_context(|| format!("stat {}", path.display()))?;
+        match std::fs::metadata(path) {
+            Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => {
+                return Ok(Some(file));
+            }
+            Ok(_) => continue,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(err).with_context(|| format!("stat {}", path.display())),
         }
     }
 }
@@ -137,8 +194,8 @@ pub struct PidLock {
 }
 
 impl PidLock {
-    /// Removes the lock file, then releases the lock: after a stop nothing is left behind.
-    /// A command waiting for the lock meanwhile sees that its file is gone and locks anew.
+    /// Removes the locked file, then releases the lock: nothing is left behind. A command
+    /// waiting for the lock meanwhile sees that its file is gone and locks anew.
     pub fn remove(self) -> anyhow::Result<()> {
         let removed = std::fs::remove_file(&self.path);
         drop(self.file);
@@ -155,6 +212,12 @@ impl fmt::Display for PidFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.path.display())
     }
+}
+
+/// The daemon's pid as messages show it: a live daemon that has not written it yet is
+/// `starting`.
+pub fn shown(pid: Option<Pid>) -> String {
+    pid.map_or_else(|| "starting".to_owned(), |pid| pid.to_string())
 }
 
 /// Parses the text of a PID file: one positive process id, surrounding whitespace allowed.
@@ -231,38 +294,53 @@ mod tests {
     }
 
     #[test]
-    fn write_read_remove_round_trip_in_a_private_dir() {
+    fn a_held_file_is_live_in_a_private_dir_and_stale_once_released() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let file = PidFile::new(dir.path().join("run/pyvisor/pyvisor.pid"));
-        assert_eq!(file.read().unwrap(), Contents::Missing);
-        file.write(Pid::from_raw(77)).unwrap();
-        assert_eq!(file.read().unwrap(), Contents::Pid(Pid::from_raw(77)));
+        assert_eq!(file.probe().unwrap(), Holder::Missing);
+        let held = file.hold().unwrap().expect("nobody holds it");
+        let me = Pid::from_raw(std::process::id() as i32);
+        assert_eq!(file.probe().unwrap(), Holder::Live(Some(me)));
         let mode = std::fs::metadata(dir.path().join("run/pyvisor"))
             .unwrap()
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
-        // Only the PID file is left: the temp file was renamed over it.
-        let names: Vec<_> = std::fs::read_dir(dir.path().join("run/pyvisor"))
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name())
-            .collect();
-        assert_eq!(names, ["pyvisor.pid"]);
-        file.write(Pid::from_raw(78)).unwrap();
-        file.remove_if(Pid::from_raw(77)).unwrap();
-        assert_eq!(file.read().unwrap(), Contents::Pid(Pid::from_raw(78)));
-        file.remove_if(Pid::from_raw(78)).unwrap();
-        assert_eq!(file.read().unwrap(), Contents::Missing);
-        file.remove().unwrap();
+        // A second holder is refused and told the first one's pid; removal leaves it alone.
+        assert_eq!(file.hold().unwrap().err(), Some(Some(me)));
+        file.remove_unheld().unwrap();
+        assert_eq!(file.probe().unwrap(), Holder::Live(Some(me)));
+        drop(held);
+        // This process still runs, but it no longer holds the lock.
+        assert_eq!(
+            file.probe().unwrap(),
+            Holder::Stale(format!(
+                "process {me} is not a pyvisor daemon (the pid was reused)"
+            ))
+        );
+        file.remove_unheld().unwrap();
+        assert_eq!(file.probe().unwrap(), Holder::Missing);
+        file.remove_unheld().unwrap();
     }
 
     #[test]
-    fn invalid_contents_are_reported_not_fatal() {
+    fn unheld_contents_are_stale_and_say_why() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pyvisor.pid");
+        let file = PidFile::new(path.clone());
         std::fs::write(&path, "garbage\n").unwrap();
-        let file = PidFile::new(path);
-        assert!(matches!(file.read().unwrap(), Contents::Invalid(_)));
+        assert_eq!(
+            file.probe().unwrap(),
+            Holder::Stale("\"garbage\" is not a process id".into())
+        );
+        let mut dead = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = dead.id();
+        dead.wait().unwrap();
+        std::fs::write(&path, format!("{dead_pid}\n")).unwrap();
+        assert_eq!(
+            file.probe().unwrap(),
+            Holder::Stale(format!("process {dead_pid} is not running"))
+        );
     }
 }

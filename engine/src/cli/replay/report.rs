@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use pyvisor::rpc::wire::ProactiveStats;
 use pyvisor::ExecutionResult;
+use pyvisor::ProactiveStats;
 use serde::Serialize;
 
 use super::super::drive::print_json_report;

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use pyvisor::client::Client;
 use pyvisor::config::Settings;
-use pyvisor::rpc::wire::{CreateParams, ExecuteParams, ProactiveStats};
+use pyvisor::rpc::wire::{CreateParams, ExecuteParams};
+use pyvisor::ProactiveStats;
 use pyvisor::{
     Engine, EngineConfig, ExecuteRequest, ExecutionResult, Session, SessionOptions, StateConfig,
 };
