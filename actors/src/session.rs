@@ -36,6 +36,7 @@ use crate::worker::{Worker, WorkerEvent, WorkerSpec};
 
 mod closing;
 mod completion;
+mod deferred;
 mod durability;
 mod events;
 mod executions;
@@ -158,6 +159,8 @@ pub struct SessionActor {
     events: Subscribers,
     idleness: idle::Idleness,
     llm_calls: llm_calls::LlmCalls,
+    /// Checkpoints and restores waiting for the worker.
+    deferred: Vec<deferred::Deferred>,
 }
 
 impl SessionActor {
@@ -187,6 +190,7 @@ impl SessionActor {
             events,
             idleness: idle::Idleness::default(),
             llm_calls: Default::default(),
+            deferred: Vec::new(),
         }
     }
 
@@ -239,6 +243,7 @@ impl SessionActor {
             tracing::warn!(session = %act.session_id, %reason, "no replacement worker");
             if let State::Restarting = act.state {
                 act.fail_queue(&reason);
+                act.fail_deferred(&reason);
                 act.state = State::Failed;
             }
             act.publish_phase();

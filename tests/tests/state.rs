@@ -340,6 +340,39 @@ async fn a_named_session_comes_back_in_a_new_engine() {
 }
 
 #[tokio::test]
+async fn a_checkpoint_or_restore_asked_while_a_session_comes_back_waits_for_it() {
+    let dir = state_dir();
+    let first = engine_in(&dir).await;
+    let session = first.create_session(named("big")).await.unwrap();
+    // Enough state that loading it back takes a while.
+    run(&session, "blob = bytes(8_000_000)\nmarker = 'kept'").await;
+    within(session.checkpoint()).await.unwrap();
+    within(first.shutdown(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    drop(first);
+
+    // Asked at once while the session is being restored from disk: both wait for the
+    // worker instead of failing with "the session is restarting".
+    let second = engine_in(&dir).await;
+    let back = second.session("big", None).await.unwrap();
+    let (saved, restored) = tokio::join!(back.checkpoint(), back.restore(None));
+    let saved = saved.expect("the checkpoint waits for the restore");
+    restored.expect("the restore waits for the worker");
+    assert_eq!(
+        repr(&back, "(marker, len(blob))").await,
+        "('kept', 8000000)"
+    );
+    let listed = within(back.checkpoints()).await.unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|c| c.id.to_string() == saved.checkpoint_id),
+        "{listed:?}"
+    );
+}
+
+#[tokio::test]
 async fn closing_a_session_deletes_its_checkpoints() {
     let dir = state_dir();
     let engine = engine_in(&dir).await;

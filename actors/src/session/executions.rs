@@ -65,6 +65,7 @@ impl SessionActor {
 
     /// Starts the next queued execution if the worker is idle.
     pub(super) fn start_next(&mut self, ctx: &mut Context<Self>) {
+        self.run_deferred(ctx);
         if !matches!(self.state, State::Idle) {
             return;
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use super::deferred::Deferred;
 use super::messages::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Drain, Execute, ExecutionTicket, GetInfo,
     Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary, SendInput, SessionSnapshot,
@@ -182,7 +183,9 @@ impl Handler<CheckpointNow> for SessionActor {
 
     fn handle(&mut self, _: CheckpointNow, ctx: &mut Context<Self>) -> Self::Result {
         let (reply, written) = oneshot::channel();
-        if let Err(err) = self.start_checkpoint(Some(reply), ctx) {
+        if self.worker_coming() {
+            self.deferred.push(Deferred::Checkpoint(reply));
+        } else if let Err(err) = self.start_checkpoint(Some(reply), ctx) {
             return Box::pin(async move { Err(err) });
         }
         let session_id = self.session_id.clone();
@@ -199,11 +202,17 @@ impl Handler<RestoreCheckpoint> for SessionActor {
 
     fn handle(&mut self, msg: RestoreCheckpoint, ctx: &mut Context<Self>) -> Self::Result {
         let (reply, restored) = oneshot::channel();
-        if self.worker.is_none() {
+        if self.worker_coming() {
+            self.deferred.push(Deferred::Restore {
+                id: msg.checkpoint_id,
+                reply,
+            });
+        } else if self.worker.is_none() {
             let err = self.no_worker();
             return Box::pin(async move { Err(err) });
+        } else {
+            self.start_restore(msg.checkpoint_id, Some(reply), false, ctx);
         }
-        self.start_restore(msg.checkpoint_id, Some(reply), false, ctx);
         let session_id = self.session_id.clone();
         Box::pin(async move {
             restored

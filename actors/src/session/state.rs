@@ -159,8 +159,8 @@ pub(super) struct RestoreReport {
     pub error: Option<String>,
 }
 
-type CheckpointReply = oneshot::Sender<Result<CheckpointSummary, SessionError>>;
-type RestoreReply = oneshot::Sender<Result<RestoreSummary, SessionError>>;
+pub(super) type CheckpointReply = oneshot::Sender<Result<CheckpointSummary, SessionError>>;
+pub(super) type RestoreReply = oneshot::Sender<Result<RestoreSummary, SessionError>>;
 
 /// A request the worker has not answered yet.
 enum Pending {
