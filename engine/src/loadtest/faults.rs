@@ -181,9 +181,10 @@ pub struct FaultRecord {
     pub recovered: bool,
     /// Seconds until it did.
     pub recovery_s: Option<f64>,
-    /// The fault ran in a session of its own, unnamed, and a `kill_daemon` ended that session
-    /// before it answered again: unnamed sessions do not outlive their daemon, so whether the
-    /// engine would have recovered is not known. Not counted as unrecovered.
+    /// A `kill_daemon` cut the fault short: it ended the fault's own session (unnamed sessions
+    /// do not outlive their daemon) before that answered again, or killed the daemon while the
+    /// fault was being set up. Whether the engine would have recovered is not known, and the
+    /// fault is not counted as unrecovered.
     pub cut_by_restart: bool,
 }
 
@@ -324,9 +325,12 @@ pub async fn inject(spec: &FaultSpec, target: &Target, sessions: &[String], log:
     };
     let own = session.as_ref().is_some_and(|s| !sessions.contains(s));
     // A restart the fault did not cause ends a session of its own: stop probing it then.
-    let cut = || own && target.daemon_restarts() != restarts_before;
+    let restarted =
+        || spec.kind != FaultKind::KillDaemon && target.daemon_restarts() != restarts_before;
     let recovery = match &session {
-        Some(session) => recovered(target, session, log, cut).await,
+        Some(session) => recovered(target, session, log, || own && restarted()).await,
+        // The fault could not start: because the daemon was killed under it, or a failure.
+        None if restarted() => Recovery::CutByRestart,
         None => Recovery::Never,
     };
     // The sessions a fault made for itself end with it.
@@ -354,7 +358,8 @@ enum Recovery {
     After(Duration),
     /// It did not within [`RECOVERY_TIMEOUT`].
     Never,
-    /// A daemon restart ended the session (one of the fault's own) before it answered.
+    /// A daemon restart ended the session (one of the fault's own) before it answered, or
+    /// kept the fault from starting at all.
     CutByRestart,
 }
 
