@@ -195,12 +195,16 @@ impl RegistryActor {
             }),
         });
         let owner: Arc<str> = options.owner.as_deref().unwrap_or_default().into();
-        let llm = (self.config.llm.as_ref())
-            .filter(|llm| options.llm.unwrap_or(llm.by_default))
-            .map(|llm| LlmLink {
-                bridge: llm.bridge.clone(),
-                owner: owner.clone(),
-            });
+        let bridge = match options.bridge {
+            Some(own) => Some(own.0),
+            None => (self.config.llm.as_ref())
+                .filter(|llm| options.llm.unwrap_or(llm.by_default))
+                .map(|llm| llm.bridge.clone()),
+        };
+        let llm = bridge.map(|bridge| LlmLink {
+            bridge,
+            owner: owner.clone(),
+        });
         // A speculative run must never call a model: a session with the bridge computes
         // nothing ahead.
         let proactive = self.proactive.clone().filter(|_| {

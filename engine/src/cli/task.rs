@@ -1,5 +1,6 @@
-//! `pyvisor task PROMPT [--data FILE]... [--kind transform] [--model M] [--max-cost D]
-//! [--max-iterations N] [--save run.json]`: runs an LLM task loop in a session of an embedded
+//! `pyvisor task PROMPT [--data FILE]... [--kind transform|rlm] [--context FILE] [--model M]
+//! [--max-cost D] [--max-iterations N] [--max-depth N] [--save run.json]`: runs an LLM task
+//! loop in a session of an embedded
 //! engine configured as `pyvisor serve` would be (its `[llm]` included), and shows each step as
 //! it happens: the model's reply, the code, its output; then the final code.
 //!
@@ -11,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use pyvisor::config::Settings;
-use pyvisor::task::{Budget, TaskKind, TaskMessage, TaskOutcome, TaskRequest, TaskStatus};
+use pyvisor::task::{
+    Budget, TaskContext, TaskKind, TaskMessage, TaskOutcome, TaskRequest, TaskStatus,
+};
 use pyvisor::Engine;
 use tokio::sync::mpsc;
 
@@ -38,6 +41,12 @@ pub struct TaskArgs {
     /// Most model replies.
     #[arg(long, value_name = "N")]
     max_iterations: Option<u32>,
+    /// Most nesting of rlm_query loops (rlm).
+    #[arg(long, value_name = "N")]
+    max_depth: Option<u32>,
+    /// A file the session loads as the variable `context` (rlm): JSON, CSV or text.
+    #[arg(long, value_name = "FILE")]
+    context: Option<PathBuf>,
     /// Write the task's outcome and whole history to this file as JSON.
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
@@ -71,7 +80,11 @@ pub async fn run(args: TaskArgs) -> u8 {
     let mut config = settings.engine_config();
     config.pool.min_idle = 1;
     // The worker reads the data files: a confined one must be allowed to.
-    for file in request.data.values() {
+    let context = match &request.context {
+        Some(TaskContext::File { path }) => Some(path),
+        _ => None,
+    };
+    for file in request.data.values().chain(context) {
         if let Some(dir) = Path::new(file).parent() {
             config.sandbox.read_paths.push(dir.to_owned());
         }
@@ -123,6 +136,19 @@ fn request(args: &TaskArgs) -> Result<TaskRequest, String> {
         }
         data.insert(name, file.to_string_lossy().into_owned());
     }
+    let context = match &args.context {
+        Some(file) => {
+            let path = std::path::absolute(file)
+                .map_err(|err| format!("--context {}: {err}", file.display()))?;
+            if !path.is_file() {
+                return Err(format!("--context {}: not a file", path.display()));
+            }
+            Some(TaskContext::File {
+                path: path.to_string_lossy().into_owned(),
+            })
+        }
+        None => None,
+    };
     Ok(TaskRequest {
         kind: match args.kind {
             Kind::Transform => TaskKind::Transform,
@@ -134,10 +160,12 @@ fn request(args: &TaskArgs) -> Result<TaskRequest, String> {
         budget: Budget {
             max_cost: args.max_cost,
             max_iterations: args.max_iterations,
-            max_depth: None,
+            max_depth: args.max_depth,
         },
+        context,
         session_id: None,
         task_id: None,
+        keep_session: false,
     })
 }
 
@@ -178,7 +206,9 @@ fn show(message: &TaskMessage) {
                 println!("{}", error.trim_end());
             }
         }
-        ("user", None) if message.content.starts_with("Request:") => {
+        ("user", None)
+            if message.content.starts_with("Request:") || message.content.starts_with("Task:") =>
+        {
             println!("── task ──\n{}", message.content.trim_end());
         }
         _ => {}
@@ -200,6 +230,9 @@ fn finish(outcome: &TaskOutcome) {
     );
     if let Some(error) = &outcome.error {
         println!("error: {error}");
+    }
+    if let Some(answer) = &outcome.answer {
+        println!("answer:\n{answer}");
     }
     if let Some(code) = &outcome.final_code {
         println!("final code:\n{code}");

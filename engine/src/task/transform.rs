@@ -4,14 +4,16 @@
 //! the model answers `DONE` or with fixed code. A reply without a code block is answered with a
 //! request for one. The loop never goes past its iteration cap (5 by default) or its budget.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
 use super::reply::{last_code_block, says_done};
+use super::{cancelled, run_code, Stop};
 use super::{StepExecution, TaskMessage, TaskOutcome, TaskRequest, TaskStatus};
 use crate::llm::{ChatMessage, ChatRequest, LlmClient, LlmCounters, Usage};
-use crate::{ExecuteRequest, ExecutionResult, ExecutionStatus, Session};
+use crate::{ExecutionResult, ExecutionStatus, Session};
 
 /// Model replies of a transform that states no `max_iterations`.
 const DEFAULT_ITERATIONS: u32 = 5;
@@ -72,12 +74,6 @@ struct Progress {
     success: Option<(String, String)>,
 }
 
-/// Why the loop stops before its natural end.
-enum Stop {
-    Cancelled,
-    Failed(String),
-}
-
 impl Transform<'_> {
     pub(super) async fn run(mut self) -> TaskOutcome {
         let mut progress = Progress {
@@ -110,7 +106,7 @@ impl Transform<'_> {
 
     async fn drive(&mut self, progress: &mut Progress) -> Result<TaskStatus, Stop> {
         let names: Vec<String> = self.request.data.keys().cloned().collect();
-        let load = load_code(self.request)?;
+        let load = load_code(&self.request.data)?;
         if !load.is_empty() {
             let run = self.execute(&load).await?;
             if run.status != ExecutionStatus::Ok {
@@ -218,22 +214,7 @@ impl Transform<'_> {
 
     /// Runs `code` in the session; a cancel interrupts it.
     async fn execute(&mut self, code: &str) -> Result<ExecutionResult, Stop> {
-        let failed = |err: crate::EngineError| Stop::Failed(err.to_string());
-        let execution = self
-            .session
-            .execute(ExecuteRequest::new(code))
-            .await
-            .map_err(failed)?;
-        let result = execution.result();
-        tokio::pin!(result);
-        tokio::select! {
-            run = &mut result => run.map_err(failed),
-            () = cancelled(&mut self.cancelled) => {
-                let _ = self.session.interrupt().await;
-                let _ = result.await;
-                Err(Stop::Cancelled)
-            }
-        }
+        run_code(self.session, &self.cancelled, code).await
     }
 
     /// A preview of `names` in the session, and whether all of them are DataFrames.
@@ -290,18 +271,11 @@ impl Transform<'_> {
     }
 }
 
-/// Resolves when the task is cancelled (never, once nobody can cancel it).
-async fn cancelled(flag: &mut watch::Receiver<bool>) {
-    if flag.wait_for(|cancelled| *cancelled).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 /// The code that loads the request's data into the session: each file read with pandas, each
 /// session variable bound to its name.
-fn load_code(request: &TaskRequest) -> Result<String, Stop> {
+pub(super) fn load_code(data: &BTreeMap<String, String>) -> Result<String, Stop> {
     let mut code = String::new();
-    for (name, source) in &request.data {
+    for (name, source) in data {
         if !is_identifier(name) {
             return Err(Stop::Failed(format!("data: {name:?} is not a Python name")));
         }
