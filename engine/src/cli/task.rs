@@ -1,8 +1,9 @@
 //! `pyvisor task PROMPT [--data FILE]... [--kind transform|rlm] [--context FILE] [--model M]
-//! [--max-cost D] [--max-iterations N] [--max-depth N] [--save run.json]`: runs an LLM task
-//! loop in a session of an embedded
-//! engine configured as `pyvisor serve` would be (its `[llm]` included), and shows each step as
-//! it happens: the model's reply, the code, its output; then the final code.
+//! [--max-cost D] [--max-iterations N] [--max-depth N] [--save run.json] [--socket PATH]
+//! [--config PATH]`: runs an LLM task loop on the daemon when its socket answers (the steps
+//! stream back as `task.step`), else in a session of an embedded engine configured as
+//! `pyvisor serve` would be (its `[llm]` included), and shows each step as it happens: the
+//! model's reply, the code, its output; then the answer and the final code.
 //!
 //! Exit status: 0 when the task is done, 1 when it ended otherwise (`max_iterations`,
 //! `budget_exceeded`, `error`, `cancelled`), 2 on a usage or configuration error.
@@ -18,6 +19,7 @@ use pyvisor::task::{
 use pyvisor::Engine;
 use tokio::sync::mpsc;
 
+use super::backend::{connect_daemon, daemon_socket};
 use super::EXIT_USAGE;
 
 /// Arguments of `pyvisor task`.
@@ -53,6 +55,10 @@ pub struct TaskArgs {
     /// The configuration file (else the usual search order).
     #[arg(long, value_name = "PATH")]
     config: Option<PathBuf>,
+    /// The daemon's socket (else `$PYVISOR_SOCKET`, else the configured `server.socket` or
+    /// the default); without a daemon there, the task runs in an embedded engine.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -77,37 +83,25 @@ pub async fn run(args: TaskArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let mut config = settings.engine_config();
-    config.pool.min_idle = 1;
-    // The worker reads the data files: a confined one must be allowed to.
-    let context = match &request.context {
-        Some(TaskContext::File { path }) => Some(path),
-        _ => None,
-    };
-    for file in request.data.values().chain(context) {
-        if let Some(dir) = Path::new(file).parent() {
-            config.sandbox.read_paths.push(dir.to_owned());
-        }
-    }
-    let engine = match Engine::start(config).await {
-        Ok(engine) => engine,
-        Err(err) => {
-            eprintln!("pyvisor: {err}");
-            return EXIT_USAGE;
-        }
-    };
     let (steps, mut stepped) = mpsc::unbounded_channel();
     let shown = tokio::spawn(async move {
         while let Some(message) = stepped.recv().await {
             show(&message);
         }
     });
-    let outcome = engine.run_task(request, None, Some(steps)).await;
+    let socket = daemon_socket(&settings, args.socket.as_deref());
+    let outcome = match connect_daemon(&socket).await {
+        Ok(client) => client
+            .run_task(request, steps)
+            .await
+            .map_err(|err| err.to_string()),
+        Err(_) => embedded(settings, request, steps).await,
+    };
     let _ = shown.await;
     let outcome = match outcome {
         Ok(outcome) => outcome,
-        Err(err) => {
-            eprintln!("pyvisor: {err}");
+        Err(message) => {
+            eprintln!("pyvisor: {message}");
             return EXIT_USAGE;
         }
     };
@@ -120,6 +114,29 @@ pub async fn run(args: TaskArgs) -> u8 {
         }
     }
     u8::from(outcome.status != TaskStatus::Done)
+}
+
+/// Runs the task in an engine of this process configured as `pyvisor serve` would be.
+async fn embedded(
+    settings: Settings,
+    request: TaskRequest,
+    steps: mpsc::UnboundedSender<TaskMessage>,
+) -> Result<TaskOutcome, String> {
+    let mut config = settings.engine_config();
+    config.pool.min_idle = 1;
+    // The worker reads the data files: a confined one must be allowed to.
+    let context = match &request.context {
+        Some(TaskContext::File { path }) => Some(path),
+        _ => None,
+    };
+    for file in request.data.values().chain(context) {
+        if let Some(dir) = Path::new(file).parent() {
+            config.sandbox.read_paths.push(dir.to_owned());
+        }
+    }
+    let engine = Engine::start(config).await.map_err(|err| err.to_string())?;
+    let outcome = engine.run_task(request, None, Some(steps)).await;
+    outcome.map_err(|err| err.to_string())
 }
 
 /// The request the arguments describe; data files are made absolute, for the worker.
