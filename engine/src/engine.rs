@@ -85,17 +85,37 @@ struct EngineInner {
 impl Engine {
     /// Starts an engine with `config`.
     pub async fn start(config: EngineConfig) -> Result<Engine, EngineError> {
+        Self::start_with_llm(config, None).await
+    }
+
+    /// Starts an engine whose LLM calls `client` answers instead of `config.llm`'s endpoint
+    /// (a [`crate::task::ReplayClient`], say); `config.llm`'s other settings apply, so it must
+    /// be set when `client` is.
+    pub async fn start_with_llm(
+        config: EngineConfig,
+        client: Option<Arc<dyn LlmClient>>,
+    ) -> Result<Engine, EngineError> {
         let (ready_tx, ready_rx) = oneshot::channel();
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         let counters = Arc::new(EngineCounters::default());
         let proactive = Arc::new(ProactiveCounters::default());
         let shared = (counters.clone(), proactive.clone());
+        if client.is_some() && config.llm.is_none() {
+            return Err(EngineError::Start(
+                "an LLM client needs the [llm] settings it works under".into(),
+            ));
+        }
         let llm = match &config.llm {
             Some(llm_config) => {
-                let client = OpenAiClient::new(llm_config)
-                    .map_err(|err| EngineError::Start(err.to_string()))?;
+                let client: Arc<dyn LlmClient> = match client {
+                    Some(client) => client,
+                    None => Arc::new(
+                        OpenAiClient::new(llm_config)
+                            .map_err(|err| EngineError::Start(err.to_string()))?,
+                    ),
+                };
                 let totals = Arc::new(LlmCounters::default());
-                let dispatcher = Dispatcher::start(Arc::new(client), llm_config, totals.clone())
+                let dispatcher = Dispatcher::start(client, llm_config, totals.clone())
                     .map_err(|e| EngineError::Start(format!("start the LLM thread: {e}")))?;
                 Some((dispatcher, totals, llm_config.sessions, llm_config.rlm))
             }

@@ -18,11 +18,13 @@ use crate::{Engine, ExecuteRequest, ExecutionResult, ExecutionStatus, Session};
 
 mod bridge;
 mod budget;
+mod record;
 mod reply;
 mod rlm;
 mod transform;
 
 pub use budget::{BudgetController, Spent};
+pub use record::{RecordedCall, ReplayClient};
 
 /// The loop a task runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,6 +182,18 @@ pub struct TaskOutcome {
     /// Why the task ended with `error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Every completion the task got, nested loops' and sessions' calls included, for an
+    /// offline replay ([`ReplayClient`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub llm_calls: Vec<RecordedCall>,
+}
+
+/// A task as `pyvisor task --save` writes it: the request, and the outcome's fields beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedTask {
+    pub request: TaskRequest,
+    #[serde(flatten)]
+    pub outcome: TaskOutcome,
 }
 
 /// The tasks that run, for `task.cancel`.
@@ -262,6 +276,7 @@ impl TaskOutcome {
             messages: Vec::new(),
             session_id: String::new(),
             error: None,
+            llm_calls: Vec::new(),
         }
     }
 }
@@ -341,7 +356,9 @@ impl Engine {
         owner: Option<&str>,
         steps: Option<mpsc::UnboundedSender<TaskMessage>>,
     ) -> Result<TaskOutcome, EngineError> {
-        let client = self.llm_client().ok_or(EngineError::NoLlm)?;
+        if self.llm_client().is_none() {
+            return Err(EngineError::NoLlm);
+        }
         if request.kind == TaskKind::Rlm && request.session_id.is_some() {
             return Err(EngineError::Task(
                 "session_id: an rlm task runs in a session of its own, whose LLM calls its \
@@ -356,6 +373,26 @@ impl Engine {
         }
         let (registered, cancelled) = self.tasks().register(request.task_id.clone(), owner)?;
         let task_id = registered.id.clone();
+        let recorder = record::Recorder::default();
+        let mut outcome = self
+            .run_registered(request, owner, steps, task_id, cancelled, &recorder)
+            .await?;
+        outcome.llm_calls = recorder.calls();
+        drop(registered);
+        Ok(outcome)
+    }
+
+    /// Runs a registered task's loop.
+    async fn run_registered(
+        &self,
+        request: TaskRequest,
+        owner: Option<&str>,
+        steps: Option<mpsc::UnboundedSender<TaskMessage>>,
+        task_id: String,
+        cancelled: watch::Receiver<bool>,
+        recorder: &record::Recorder,
+    ) -> Result<TaskOutcome, EngineError> {
+        let client = self.llm_client().ok_or(EngineError::NoLlm)?;
         if request.kind == TaskKind::Rlm {
             let (dispatcher, config) = self.llm_dispatcher().ok_or(EngineError::NoLlm)?;
             let bridge = bridge::TaskBridge {
@@ -368,6 +405,7 @@ impl Engine {
                     config: *config,
                     task_id: task_id.clone(),
                     cancelled,
+                    recorder: recorder.clone(),
                 },
                 ended: Default::default(),
             };
@@ -424,6 +462,7 @@ impl Engine {
             task_id,
             steps,
             cancelled,
+            recorder: recorder.clone(),
         };
         Ok(run.run().await)
     }

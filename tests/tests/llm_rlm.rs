@@ -128,6 +128,22 @@ async fn rlm_query_nests_to_depth_two_with_half_the_budget_at_each_level() {
         .any(|(_, c)| c.contains("hello world")));
     assert!(system(0).contains("a str of length 11"));
     no_sessions_left(&engine).await;
+    // Every completion was recorded, the nested loops' included: a replay asks no endpoint.
+    assert_eq!(outcome.llm_calls.len(), 4);
+    let replay = pyvisor::task::ReplayClient::new(outcome.llm_calls.clone());
+    let config = EngineConfig {
+        llm: Some(LlmConfig::new("", "replay")),
+        ..EngineConfig::default()
+    };
+    let offline = Engine::start_with_llm(config, Some(std::sync::Arc::new(replay)))
+        .await
+        .unwrap();
+    let request = rlm("what is it", Some("hello world"), budget(Some(10.0), 40, 2));
+    let again = run_task(&offline, request).await;
+    assert_eq!(again.status, TaskStatus::Done, "{again:#?}");
+    assert_eq!(again.answer, outcome.answer);
+    assert_eq!(again.tokens, outcome.tokens);
+    assert_eq!(server.calls().len(), 4, "the replay asked no endpoint");
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! `pyvisor task PROMPT [--data FILE]... [--kind transform|rlm] [--context FILE] [--model M]
 //! [--max-cost D] [--max-iterations N] [--max-depth N] [--save run.json] [--socket PATH]
-//! [--config PATH]`: runs an LLM task loop on the daemon when its socket answers (the steps
+//! [--config PATH]`, or `pyvisor task --replay run.json`: runs an LLM task loop on the daemon when its socket answers (the steps
 //! stream back as `task.step`), else in a session of an embedded engine configured as
 //! `pyvisor serve` would be (its `[llm]` included), and shows each step as it happens: the
 //! model's reply, the code, its output; then the answer and the final code.
@@ -10,13 +10,16 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use pyvisor::config::Settings;
+use pyvisor::llm::LlmClient;
 use pyvisor::task::{
-    Budget, TaskContext, TaskKind, TaskMessage, TaskOutcome, TaskRequest, TaskStatus,
+    Budget, ReplayClient, SavedTask, TaskContext, TaskKind, TaskMessage, TaskOutcome, TaskRequest,
+    TaskStatus,
 };
-use pyvisor::Engine;
+use pyvisor::{Engine, LlmConfig};
 use tokio::sync::mpsc;
 
 use super::backend::{connect_daemon, daemon_socket};
@@ -26,8 +29,8 @@ use super::EXIT_USAGE;
 #[derive(Debug, Args)]
 pub struct TaskArgs {
     /// What the task should do.
-    #[arg(value_name = "PROMPT")]
-    prompt: String,
+    #[arg(value_name = "PROMPT", required_unless_present = "replay")]
+    prompt: Option<String>,
     /// Data for the task: FILE (named after its stem) or NAME=FILE; repeatable.
     #[arg(long = "data", value_name = "[NAME=]FILE")]
     data: Vec<String>,
@@ -49,9 +52,20 @@ pub struct TaskArgs {
     /// A file the session loads as the variable `context` (rlm): JSON, CSV or text.
     #[arg(long, value_name = "FILE")]
     context: Option<PathBuf>,
-    /// Write the task's outcome and whole history to this file as JSON.
+    /// Write the task's request, outcome and whole history (every completion included) to
+    /// this file as JSON.
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
+    /// Run the task saved in FILE (by --save) again in an embedded engine, its code for real
+    /// and its model answered from the recorded completions: no LLM endpoint is asked. Exits
+    /// 0 when it ends as recorded (status, answer, final code).
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["prompt", "data", "kind", "model", "max_cost", "max_iterations",
+                              "max_depth", "context", "socket"]
+    )]
+    replay: Option<PathBuf>,
     /// The configuration file (else the usual search order).
     #[arg(long, value_name = "PATH")]
     config: Option<PathBuf>,
@@ -69,6 +83,9 @@ enum Kind {
 
 /// Runs the task and returns the exit status.
 pub async fn run(args: TaskArgs) -> u8 {
+    if let Some(saved) = &args.replay {
+        return replay(saved, &args).await;
+    }
     let request = match request(&args) {
         Ok(request) => request,
         Err(message) => {
@@ -92,10 +109,10 @@ pub async fn run(args: TaskArgs) -> u8 {
     let socket = daemon_socket(&settings, args.socket.as_deref());
     let outcome = match connect_daemon(&socket).await {
         Ok(client) => client
-            .run_task(request, steps)
+            .run_task(request.clone(), steps)
             .await
             .map_err(|err| err.to_string()),
-        Err(_) => embedded(settings, request, steps).await,
+        Err(_) => embedded(settings, request.clone(), steps, None).await,
     };
     let _ = shown.await;
     let outcome = match outcome {
@@ -107,23 +124,89 @@ pub async fn run(args: TaskArgs) -> u8 {
     };
     finish(&outcome);
     if let Some(path) = &args.save {
-        let json = serde_json::to_vec_pretty(&outcome).expect("an outcome serializes");
+        let saved = SavedTask { request, outcome };
+        let json = serde_json::to_vec_pretty(&saved).expect("a task serializes");
         if let Err(err) = std::fs::write(path, json) {
             eprintln!("pyvisor: write {}: {err}", path.display());
             return 1;
         }
+        return u8::from(saved.outcome.status != TaskStatus::Done);
     }
     u8::from(outcome.status != TaskStatus::Done)
 }
 
-/// Runs the task in an engine of this process configured as `pyvisor serve` would be.
+/// Runs the task saved in `path` again against its recorded completions; 0 when it ends as
+/// recorded.
+async fn replay(path: &Path, args: &TaskArgs) -> u8 {
+    let saved: SavedTask = match std::fs::read(path)
+        .map_err(|err| err.to_string())
+        .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|err| err.to_string()))
+    {
+        Ok(saved) => saved,
+        Err(err) => {
+            eprintln!("pyvisor: read the saved task {}: {err}", path.display());
+            return EXIT_USAGE;
+        }
+    };
+    let settings = match Settings::load(args.config.as_deref()) {
+        Ok(loaded) => loaded.settings,
+        Err(err) => {
+            eprintln!("pyvisor: {err}");
+            return EXIT_USAGE;
+        }
+    };
+    let mut request = saved.request.clone();
+    request.task_id = None;
+    request.keep_session = false;
+    let (steps, mut stepped) = mpsc::unbounded_channel();
+    let shown = tokio::spawn(async move {
+        while let Some(message) = stepped.recv().await {
+            show(&message);
+        }
+    });
+    let client = Arc::new(ReplayClient::new(saved.outcome.llm_calls.clone()));
+    let outcome = embedded(settings, request, steps, Some(client)).await;
+    let _ = shown.await;
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(message) => {
+            eprintln!("pyvisor: {message}");
+            return EXIT_USAGE;
+        }
+    };
+    finish(&outcome);
+    let recorded = &saved.outcome;
+    let same = outcome.status == recorded.status
+        && outcome.answer == recorded.answer
+        && outcome.final_code == recorded.final_code;
+    match same {
+        true => println!("── replay: ended as recorded ──"),
+        false => {
+            let status =
+                |outcome: &TaskOutcome| serde_json::to_value(outcome.status).unwrap_or_default();
+            println!(
+                "── replay: ended otherwise than recorded (status {} then, {} now) ──",
+                status(recorded),
+                status(&outcome)
+            );
+        }
+    }
+    u8::from(!same)
+}
+
+/// Runs the task in an engine of this process configured as `pyvisor serve` would be; with a
+/// `client`, that answers its LLM calls under the `[llm]` settings (or their defaults).
 async fn embedded(
     settings: Settings,
     request: TaskRequest,
     steps: mpsc::UnboundedSender<TaskMessage>,
+    client: Option<Arc<dyn LlmClient>>,
 ) -> Result<TaskOutcome, String> {
     let mut config = settings.engine_config();
     config.pool.min_idle = 1;
+    if client.is_some() && config.llm.is_none() {
+        config.llm = Some(LlmConfig::new("", "replay"));
+    }
     // The worker reads the data files: a confined one must be allowed to.
     let context = match &request.context {
         Some(TaskContext::File { path }) => Some(path),
@@ -134,7 +217,7 @@ async fn embedded(
             config.sandbox.read_paths.push(dir.to_owned());
         }
     }
-    let engine = Engine::start(config).await.map_err(|err| err.to_string())?;
+    let engine = (Engine::start_with_llm(config, client).await).map_err(|err| err.to_string())?;
     let outcome = engine.run_task(request, None, Some(steps)).await;
     outcome.map_err(|err| err.to_string())
 }
@@ -171,7 +254,7 @@ fn request(args: &TaskArgs) -> Result<TaskRequest, String> {
             Kind::Transform => TaskKind::Transform,
             Kind::Rlm => TaskKind::Rlm,
         },
-        prompt: args.prompt.clone(),
+        prompt: args.prompt.clone().unwrap_or_default(),
         data,
         model: args.model.clone(),
         budget: Budget {

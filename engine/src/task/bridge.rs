@@ -19,10 +19,11 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::budget::BudgetController;
+use super::record::Recorder;
 use super::{rlm, TaskStatus};
 use crate::config::RlmConfig;
 use crate::engine::WeakEngine;
-use crate::llm::{texts, Dispatcher};
+use crate::llm::{texts, ChatMessage, Dispatcher};
 
 /// The bridge of one loop's session.
 #[derive(Clone)]
@@ -44,6 +45,8 @@ pub(super) struct Nest {
     pub config: RlmConfig,
     pub task_id: String,
     pub cancelled: watch::Receiver<bool>,
+    /// Where the task's completions are kept.
+    pub recorder: Recorder,
 }
 
 impl LlmBridge for TaskBridge {
@@ -64,9 +67,14 @@ impl TaskBridge {
     /// Answers `call`'s prompts within the budget, charging each completion.
     async fn ask(self, call: BridgeCall) -> Result<Vec<String>, LlmFailure> {
         self.budget.admit().map_err(budget_exceeded)?;
+        let prompts = call.prompts.clone();
         let answers = self.dispatcher.ask(call).await?;
-        for completion in answers.iter().flatten() {
-            self.budget.charge(completion);
+        for (prompt, answer) in prompts.into_iter().zip(&answers) {
+            if let Ok(completion) = answer {
+                self.budget.charge(completion);
+                let asked = [ChatMessage::new("user", prompt)];
+                self.nest.recorder.record(&asked, completion);
+            }
         }
         texts(answers)
     }

@@ -118,6 +118,7 @@ impl Rlm<'_> {
             messages: progress.messages,
             session_id: self.session.id().to_owned(),
             error,
+            llm_calls: Vec::new(),
         }
     }
 
@@ -243,6 +244,7 @@ impl Rlm<'_> {
         };
         let (client, counters) = &self.client;
         let mut cancelled = self.bridge.nest.cancelled.clone();
+        let messages = request.messages.clone();
         let answer = tokio::select! {
             answer = client.complete(request) => answer,
             () = super::cancelled(&mut cancelled) => return Err(Stop::Cancelled),
@@ -251,6 +253,7 @@ impl Rlm<'_> {
         let done = answer.map_err(|err| Stop::Failed(err.to_string()))?;
         self.budget().charge(&done);
         self.budget().count_iteration();
+        self.bridge.nest.recorder.record(&messages, &done);
         Ok(done.text)
     }
 

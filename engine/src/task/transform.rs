@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
+use super::record::Recorder;
 use super::reply::{last_code_block, says_done};
 use super::{cancelled, run_code, Stop};
 use super::{StepExecution, TaskMessage, TaskOutcome, TaskRequest, TaskStatus};
@@ -62,6 +63,8 @@ pub(super) struct Transform<'a> {
     pub task_id: String,
     pub steps: Option<mpsc::UnboundedSender<TaskMessage>>,
     pub cancelled: watch::Receiver<bool>,
+    /// Where the task's completions are kept.
+    pub recorder: Recorder,
 }
 
 /// The loop's state as it goes.
@@ -101,6 +104,7 @@ impl Transform<'_> {
             messages: progress.messages,
             session_id: self.session.id().to_owned(),
             error,
+            llm_calls: Vec::new(),
         }
     }
 
@@ -200,12 +204,14 @@ impl Transform<'_> {
                 .collect(),
         };
         let (client, counters) = &self.client;
+        let messages = request.messages.clone();
         let answer = tokio::select! {
             answer = client.complete(request) => answer,
             () = cancelled(&mut self.cancelled) => return Err(Stop::Cancelled),
         };
         counters.record("transform", &answer);
         let done = answer.map_err(|err| Stop::Failed(err.to_string()))?;
+        self.recorder.record(&messages, &done);
         progress.iterations += 1;
         progress.cost += done.cost;
         progress.tokens += done.usage;
