@@ -208,8 +208,9 @@ pub struct LlmConfig {
     pub rlm: RlmConfig,
 }
 
-/// The RLM task loop's defaults (`[llm.rlm]`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The RLM task loop's defaults (`[llm.rlm]`, read as they are here).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct RlmConfig {
     /// Model replies of a task that states no `max_iterations`.
     pub max_iterations: u32,

@@ -45,6 +45,22 @@ async fn request(
     (status, serde_json::from_str(json).unwrap_or(Value::Null))
 }
 
+/// Ada's rlm task `task_id`, posted on a task of its own: its status and result.
+fn start_task(
+    addr: std::net::SocketAddr,
+    prompt: &str,
+    task_id: &str,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let task = json!({"kind": "rlm", "prompt": prompt, "task_id": task_id});
+    tokio::spawn(request(
+        addr,
+        "POST",
+        "/v1/tasks",
+        Some("tok-ada"),
+        Some(task),
+    ))
+}
+
 /// Waits up to 30 s for `condition`.
 async fn until(mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -89,14 +105,7 @@ async fn tasks_over_http_belong_to_their_owner() {
     let http = HttpServer::start(dispatcher, options).expect("the server binds");
     let addr = http.local_addr();
 
-    let task = json!({"kind": "rlm", "prompt": "six times seven", "task_id": "t-ada"});
-    let running = tokio::spawn(request(
-        addr,
-        "POST",
-        "/v1/tasks",
-        Some("tok-ada"),
-        Some(task),
-    ));
+    let running = start_task(addr, "six times seven", "t-ada");
     until(|| !server.calls().is_empty()).await;
     // Bob sees none of ada's sessions and cannot cancel her task.
     let (status, listed) = request(addr, "GET", "/v1/sessions", Some("tok-bob"), None).await;
@@ -119,14 +128,7 @@ async fn tasks_over_http_belong_to_their_owner() {
     // Ada cancels her own running task.
     open.store(false, Ordering::SeqCst);
     let calls = server.calls().len();
-    let task = json!({"kind": "rlm", "prompt": "again", "task_id": "t-two"});
-    let running = tokio::spawn(request(
-        addr,
-        "POST",
-        "/v1/tasks",
-        Some("tok-ada"),
-        Some(task),
-    ));
+    let running = start_task(addr, "again", "t-two");
     until(|| server.calls().len() > calls).await;
     let cancel = "/v1/tasks/t-two/cancel";
     let (_, cancelled) = request(addr, "POST", cancel, Some("tok-ada"), None).await;

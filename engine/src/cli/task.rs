@@ -100,29 +100,21 @@ pub async fn run(args: TaskArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let (steps, mut stepped) = mpsc::unbounded_channel();
-    let shown = tokio::spawn(async move {
-        while let Some(message) = stepped.recv().await {
-            show(&message);
-        }
-    });
     let socket = daemon_socket(&settings, args.socket.as_deref());
-    let outcome = match connect_daemon(&socket).await {
-        Ok(client) => client
-            .run_task(request.clone(), steps)
-            .await
-            .map_err(|err| err.to_string()),
-        Err(_) => embedded(settings, request.clone(), steps, None).await,
-    };
-    let _ = shown.await;
-    let outcome = match outcome {
-        Ok(outcome) => outcome,
-        Err(message) => {
-            eprintln!("pyvisor: {message}");
-            return EXIT_USAGE;
+    let daemon = connect_daemon(&socket).await.ok();
+    let outcome = match showing(|steps| async {
+        match daemon {
+            Some(client) => {
+                (client.run_task(request.clone(), steps).await).map_err(|err| err.to_string())
+            }
+            None => embedded(settings, request.clone(), steps, None).await,
         }
+    })
+    .await
+    {
+        Ok(outcome) => outcome,
+        Err(status) => return status,
     };
-    finish(&outcome);
     if let Some(path) = &args.save {
         let saved = SavedTask { request, outcome };
         let json = serde_json::to_vec_pretty(&saved).expect("a task serializes");
@@ -158,23 +150,11 @@ async fn replay(path: &Path, args: &TaskArgs) -> u8 {
     let mut request = saved.request.clone();
     request.task_id = None;
     request.keep_session = false;
-    let (steps, mut stepped) = mpsc::unbounded_channel();
-    let shown = tokio::spawn(async move {
-        while let Some(message) = stepped.recv().await {
-            show(&message);
-        }
-    });
     let client = Arc::new(ReplayClient::new(saved.outcome.llm_calls.clone()));
-    let outcome = embedded(settings, request, steps, Some(client)).await;
-    let _ = shown.await;
-    let outcome = match outcome {
+    let outcome = match showing(|steps| embedded(settings, request, steps, Some(client))).await {
         Ok(outcome) => outcome,
-        Err(message) => {
-            eprintln!("pyvisor: {message}");
-            return EXIT_USAGE;
-        }
+        Err(status) => return status,
     };
-    finish(&outcome);
     let recorded = &saved.outcome;
     let same = outcome.status == recorded.status
         && outcome.answer == recorded.answer
@@ -192,6 +172,33 @@ async fn replay(path: &Path, args: &TaskArgs) -> u8 {
         }
     }
     u8::from(!same)
+}
+
+/// Runs a task with `run`, showing each step it sends as it comes, then how it ended; the
+/// exit status after saying why when it could not run.
+async fn showing<F, R>(run: F) -> Result<TaskOutcome, u8>
+where
+    F: FnOnce(mpsc::UnboundedSender<TaskMessage>) -> R,
+    R: std::future::Future<Output = Result<TaskOutcome, String>>,
+{
+    let (steps, mut stepped) = mpsc::unbounded_channel();
+    let shown = tokio::spawn(async move {
+        while let Some(message) = stepped.recv().await {
+            show(&message);
+        }
+    });
+    let outcome = run(steps).await;
+    let _ = shown.await;
+    match outcome {
+        Ok(outcome) => {
+            finish(&outcome);
+            Ok(outcome)
+        }
+        Err(message) => {
+            eprintln!("pyvisor: {message}");
+            Err(EXIT_USAGE)
+        }
+    }
 }
 
 /// Runs the task in an engine of this process configured as `pyvisor serve` would be; with a

@@ -40,73 +40,28 @@ pub struct LlmSettings {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub models: BTreeMap<String, ModelSettings>,
     /// `[llm.rlm]`: the RLM task loop's defaults.
-    pub rlm: RlmSettings,
+    pub rlm: RlmConfig,
 }
 
-/// `[llm.rlm]` as read from TOML (see [`RlmConfig`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RlmSettings {
-    pub max_iterations: u32,
-    pub max_depth: u32,
-    pub sub_share: f64,
-    pub downgrade_below_cost: f64,
-    pub downgrade_below_iterations: u32,
-    pub output_chars: usize,
-}
-
-impl Default for RlmSettings {
-    fn default() -> Self {
-        let RlmConfig {
-            max_iterations,
-            max_depth,
-            sub_share,
-            downgrade_below_cost,
-            downgrade_below_iterations,
-            output_chars,
-        } = RlmConfig::default();
-        Self {
-            max_iterations,
-            max_depth,
-            sub_share,
-            downgrade_below_cost,
-            downgrade_below_iterations,
-            output_chars,
-        }
+/// Checks `[llm.rlm]`'s ranges.
+fn validate_rlm(rlm: &RlmConfig) -> Result<(), (&'static str, String)> {
+    if !(1..=1000).contains(&rlm.max_iterations) {
+        return Err(("llm.rlm.max_iterations", "must be from 1 to 1000".into()));
     }
-}
-
-impl RlmSettings {
-    fn validate(&self) -> Result<(), (&'static str, String)> {
-        if !(1..=1000).contains(&self.max_iterations) {
-            return Err(("llm.rlm.max_iterations", "must be from 1 to 1000".into()));
-        }
-        if self.max_depth > 8 {
-            return Err(("llm.rlm.max_depth", "must be at most 8".into()));
-        }
-        if !(self.sub_share > 0.0 && self.sub_share <= 1.0) {
-            return Err(("llm.rlm.sub_share", "must be above 0 and at most 1".into()));
-        }
-        if !(self.downgrade_below_cost.is_finite() && self.downgrade_below_cost >= 0.0) {
-            let why = "must be finite and not negative";
-            return Err(("llm.rlm.downgrade_below_cost", why.into()));
-        }
-        if self.output_chars < 100 {
-            return Err(("llm.rlm.output_chars", "must be at least 100".into()));
-        }
-        Ok(())
+    if rlm.max_depth > 8 {
+        return Err(("llm.rlm.max_depth", "must be at most 8".into()));
     }
-
-    fn config(&self) -> RlmConfig {
-        RlmConfig {
-            max_iterations: self.max_iterations,
-            max_depth: self.max_depth,
-            sub_share: self.sub_share,
-            downgrade_below_cost: self.downgrade_below_cost,
-            downgrade_below_iterations: self.downgrade_below_iterations,
-            output_chars: self.output_chars,
-        }
+    if !(rlm.sub_share > 0.0 && rlm.sub_share <= 1.0) {
+        return Err(("llm.rlm.sub_share", "must be above 0 and at most 1".into()));
     }
+    if !(rlm.downgrade_below_cost.is_finite() && rlm.downgrade_below_cost >= 0.0) {
+        let why = "must be finite and not negative";
+        return Err(("llm.rlm.downgrade_below_cost", why.into()));
+    }
+    if rlm.output_chars < 100 {
+        return Err(("llm.rlm.output_chars", "must be at least 100".into()));
+    }
+    Ok(())
 }
 
 /// `[llm.models.<name>]` as read from TOML.
@@ -133,7 +88,7 @@ impl Default for LlmSettings {
             max_pending: defaults.max_pending,
             prices: BTreeMap::new(),
             models: BTreeMap::new(),
-            rlm: RlmSettings::default(),
+            rlm: RlmConfig::default(),
         }
     }
 }
@@ -189,7 +144,7 @@ impl LlmSettings {
         if let Some((name, _)) = self.models.iter().find(|(_, m)| m.model.trim().is_empty()) {
             return Err(("llm.models", format!("{name:?}: model must not be empty")));
         }
-        self.rlm.validate()
+        validate_rlm(&self.rlm)
     }
 
     /// The engine's LLM configuration; `None` without a `base_url`.
@@ -212,7 +167,7 @@ impl LlmSettings {
             models: (self.models.iter())
                 .map(|(name, model)| (name.clone(), model.model.clone()))
                 .collect(),
-            rlm: self.rlm.config(),
+            rlm: self.rlm,
         })
     }
 }
