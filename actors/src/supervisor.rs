@@ -18,7 +18,7 @@ use actix::prelude::*;
 use futures::future::join_all;
 use tokio::sync::oneshot;
 
-use crate::checkpoint::CheckpointStore;
+use crate::checkpoint::{CheckpointStore, StoredOptions};
 use crate::errors::SupervisorError;
 use crate::limits::ProcessLimits;
 use crate::memory::MemoryActor;
@@ -195,12 +195,27 @@ impl RegistryActor {
             }),
         });
         let owner: Arc<str> = options.owner.as_deref().unwrap_or_default().into();
-        let llm = (self.config.llm.as_ref())
-            .filter(|llm| options.llm.unwrap_or(llm.by_default))
-            .map(|llm| LlmLink {
-                bridge: llm.bridge.clone(),
-                owner: owner.clone(),
+        let own_bridge = options.bridge.is_some();
+        let bridge = match options.bridge {
+            Some(own) => Some(own.0),
+            None => (self.config.llm.as_ref())
+                .filter(|llm| options.llm.unwrap_or(llm.by_default))
+                .map(|llm| llm.bridge.clone()),
+        };
+        let llm = bridge.map(|bridge| LlmLink {
+            bridge,
+            owner: owner.clone(),
+        });
+        if let (Some(state), Some(_), false) = (&state, &options.name, own_bridge) {
+            // A later engine restoring this named session gives it the same bridge.
+            let (store, key) = (state.store.clone(), state.key.clone());
+            let kept = StoredOptions { llm: llm.is_some() };
+            tokio::task::spawn_blocking(move || {
+                if let Err(err) = store.save_options(&key, kept) {
+                    tracing::warn!(session = %key, error = %err, "cannot keep a session's options");
+                }
             });
+        }
         // A speculative run must never call a model: a session with the bridge computes
         // nothing ahead.
         let proactive = self.proactive.clone().filter(|_| {
@@ -270,20 +285,24 @@ fn attach(existing: &SessionHandle) -> SessionHandle {
     }
 }
 
-/// Whether `store` holds checkpoints of the session `owner` named `name`, which an earlier
-/// engine left (read on the blocking pool, never on the actor's thread).
+/// The options kept with the checkpoints of the session `owner` named `name`, when `store`
+/// holds checkpoints of it that an earlier engine left (read on the blocking pool, never on
+/// the actor's thread).
 async fn left_on_disk(
     store: Option<CheckpointStore>,
     owner: Option<String>,
     name: Option<String>,
-) -> bool {
+) -> Option<StoredOptions> {
     let (Some(store), Some(name)) = (store, name) else {
-        return false;
+        return None;
     };
     let key = StateSetup::named_key(owner.as_deref(), &name);
-    tokio::task::spawn_blocking(move || store.list(&key).is_ok_and(|list| !list.is_empty()))
-        .await
-        .unwrap_or(false)
+    tokio::task::spawn_blocking(move || {
+        let listed = store.list(&key).is_ok_and(|list| !list.is_empty());
+        listed.then(|| store.load_options(&key))
+    })
+    .await
+    .unwrap_or(None)
 }
 
 /// A prefix that keeps session ids of different engine runs apart.
@@ -386,6 +405,11 @@ impl Handler<CreateSession> for RegistryActor {
             looked_up
                 .into_actor(self)
                 .map(move |(outcome, on_disk), act, ctx| {
+                    let mut options = options;
+                    if let Some(kept) = on_disk.filter(|_| options.bridge.is_none()) {
+                        options.llm = options.llm.or(Some(kept.llm));
+                    }
+                    let on_disk = on_disk.is_some();
                     act.created_for(options.owner.as_deref());
                     if let Some(name) = options.name.clone() {
                         let name = (options.owner.clone(), name);
@@ -419,7 +443,7 @@ impl Handler<FindSession> for RegistryActor {
         let on_disk = left_on_disk(self.store(), msg.owner.clone(), Some(msg.session.clone()));
         let supervisor = ctx.address();
         Box::pin(async move {
-            if !on_disk.await {
+            if on_disk.await.is_none() {
                 return Err(unknown);
             }
             let options = SessionOptions {

@@ -46,6 +46,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
+use tokio::sync::mpsc;
 
 use self::connection::{decode, Connection};
 pub use self::execution::{ClientExecution, Event};
@@ -55,6 +56,7 @@ use crate::rpc::wire::{
     self, method, CheckpointEntry, CheckpointTaken, CreateParams, Created, ExecuteParams, Health,
     SessionInfo, Stats,
 };
+use crate::task::{TaskMessage, TaskOutcome, TaskRequest};
 use crate::ExecutionResult;
 
 /// A connection to a pyvisor daemon. Cheap to clone; the last clone dropped closes it.
@@ -102,6 +104,40 @@ impl Client {
     pub async fn notify(&self, method: &str, params: Value) -> Result<(), ClientError> {
         let params = (!params.is_null()).then_some(params);
         self.connection.notify(method, params.as_ref())
+    }
+
+    /// Runs a task (`task.run` with `stream: true`), sending each step to `steps` as it
+    /// arrives; the request's `task_id` is set to a fresh one when it has none.
+    pub async fn run_task(
+        &self,
+        mut request: TaskRequest,
+        steps: mpsc::UnboundedSender<TaskMessage>,
+    ) -> Result<TaskOutcome, ClientError> {
+        let task_id = request.task_id.get_or_insert_with(fresh_task_id).clone();
+        let mut params = serde_json::to_value(&request)
+            .map_err(|err| ClientError::Protocol(format!("encode the task: {err}")))?;
+        params["stream"] = Value::Bool(true);
+        let mut notes = self.connection.watch_task(&task_id);
+        let outcome = self.typed::<TaskOutcome>(crate::rpc::task::RUN, Some(&params));
+        tokio::pin!(outcome);
+        let forward = |note: Value| {
+            if let Ok(note) = serde_json::from_value::<crate::rpc::task::StepNote>(note) {
+                let _ = steps.send(note.message);
+            }
+        };
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                Some(note) = notes.recv() => forward(note),
+                outcome = &mut outcome => break outcome,
+            }
+        };
+        // Steps come before the result on the connection: those read with it are here.
+        while let Ok(note) = notes.try_recv() {
+            forward(note);
+        }
+        self.connection.unwatch_task(&task_id);
+        outcome
     }
 
     /// Creates a session, or attaches to the live session with the same `name`.
@@ -317,4 +353,14 @@ fn session_ref(session_id: &str) -> wire::SessionRef {
     wire::SessionRef {
         session_id: session_id.to_owned(),
     }
+}
+
+/// A task id no other client is likely to use: the process, the time and a count.
+fn fresh_task_id() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("t-{}-{nanos:x}-{count}", std::process::id())
 }

@@ -204,6 +204,39 @@ pub struct LlmConfig {
     pub prices: BTreeMap<String, Price>,
     /// Other models that calls may name, by name: the model id each stands for.
     pub models: BTreeMap<String, String>,
+    /// The RLM task loop's defaults.
+    pub rlm: RlmConfig,
+}
+
+/// The RLM task loop's defaults (`[llm.rlm]`, read as they are here).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RlmConfig {
+    /// Model replies of a task that states no `max_iterations`.
+    pub max_iterations: u32,
+    /// Nesting of `rlm_query` of a task that states no `max_depth`.
+    pub max_depth: u32,
+    /// The share of its parent's remaining cost and iterations a sub-loop gets.
+    pub sub_share: f64,
+    /// Below this many dollars left (with a cost limit), `rlm_query` runs as `llm_query`.
+    pub downgrade_below_cost: f64,
+    /// Below this many iterations left, `rlm_query` runs as `llm_query`.
+    pub downgrade_below_iterations: u32,
+    /// The most characters of one code block's output fed back to the model.
+    pub output_chars: usize,
+}
+
+impl Default for RlmConfig {
+    fn default() -> Self {
+        Self {
+            max_iterations: 20,
+            max_depth: 2,
+            sub_share: 0.5,
+            downgrade_below_cost: 0.5,
+            downgrade_below_iterations: 5,
+            output_chars: 4000,
+        }
+    }
 }
 
 impl LlmConfig {
@@ -222,6 +255,7 @@ impl LlmConfig {
             max_pending: 256,
             prices: BTreeMap::new(),
             models: BTreeMap::new(),
+            rlm: RlmConfig::default(),
         }
     }
 }

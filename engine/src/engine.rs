@@ -33,7 +33,7 @@ use pyvisor_actors::worker::{
 use pyvisor_actors::ProcessLimits;
 use tokio::sync::oneshot;
 
-use crate::config::{EngineConfig, MemoryConfig, SandboxLayer, StateConfig};
+use crate::config::{EngineConfig, MemoryConfig, RlmConfig, SandboxLayer, StateConfig};
 use crate::errors::EngineError;
 use crate::llm::{Dispatcher, LlmClient, LlmCounters, LlmStats, OpenAiClient};
 use crate::memory::{RemoteEmbedder, RemoteEmbedderError};
@@ -74,7 +74,7 @@ struct EngineInner {
     /// The memory of outcomes, when it is enabled.
     memory: Option<Arc<Memory>>,
     /// The LLM bridge and its totals, with `[llm]`.
-    llm: Option<(Dispatcher, Arc<LlmCounters>, bool)>,
+    llm: Option<(Dispatcher, Arc<LlmCounters>, bool, RlmConfig)>,
     /// The task loops that run, for `task.cancel`.
     tasks: crate::task::Tasks,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
@@ -85,26 +85,48 @@ struct EngineInner {
 impl Engine {
     /// Starts an engine with `config`.
     pub async fn start(config: EngineConfig) -> Result<Engine, EngineError> {
+        Self::start_with_llm(config, None).await
+    }
+
+    /// Starts an engine whose LLM calls `client` answers instead of `config.llm`'s endpoint
+    /// (a [`crate::task::ReplayClient`], say); `config.llm`'s other settings apply, so it must
+    /// be set when `client` is.
+    pub async fn start_with_llm(
+        config: EngineConfig,
+        client: Option<Arc<dyn LlmClient>>,
+    ) -> Result<Engine, EngineError> {
         let (ready_tx, ready_rx) = oneshot::channel();
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         let counters = Arc::new(EngineCounters::default());
         let proactive = Arc::new(ProactiveCounters::default());
         let shared = (counters.clone(), proactive.clone());
+        if client.is_some() && config.llm.is_none() {
+            return Err(EngineError::Start(
+                "an LLM client needs the [llm] settings it works under".into(),
+            ));
+        }
         let llm = match &config.llm {
             Some(llm_config) => {
-                let client = OpenAiClient::new(llm_config)
-                    .map_err(|err| EngineError::Start(err.to_string()))?;
+                let client: Arc<dyn LlmClient> = match client {
+                    Some(client) => client,
+                    None => Arc::new(
+                        OpenAiClient::new(llm_config)
+                            .map_err(|err| EngineError::Start(err.to_string()))?,
+                    ),
+                };
                 let totals = Arc::new(LlmCounters::default());
-                let dispatcher = Dispatcher::start(Arc::new(client), llm_config, totals.clone())
+                let dispatcher = Dispatcher::start(client, llm_config, totals.clone())
                     .map_err(|e| EngineError::Start(format!("start the LLM thread: {e}")))?;
-                Some((dispatcher, totals, llm_config.sessions))
+                Some((dispatcher, totals, llm_config.sessions, llm_config.rlm))
             }
             None => None,
         };
-        let bridge = llm.as_ref().map(|(dispatcher, _, by_default)| LlmOptions {
-            bridge: Arc::new(dispatcher.clone()),
-            by_default: *by_default,
-        });
+        let bridge = llm
+            .as_ref()
+            .map(|(dispatcher, _, by_default, _)| LlmOptions {
+                bridge: Arc::new(dispatcher.clone()),
+                by_default: *by_default,
+            });
         let thread = thread::Builder::new()
             .name("pyvisor-engine".into())
             .spawn(move || run_system(config, shared, bridge, ready_tx, shutdown_rx))
@@ -192,13 +214,13 @@ impl Engine {
             crashes: self.inner.counters.crashes(),
             restores: self.inner.counters.restores(),
             proactive: self.inner.proactive.stats(),
-            llm: (self.inner.llm.as_ref()).map(|(_, totals, _)| totals.snapshot()),
+            llm: (self.inner.llm.as_ref()).map(|(_, totals, _, _)| totals.snapshot()),
         })
     }
 
     /// The LLM client and the totals its calls count in, with `[llm]`.
     pub(crate) fn llm_client(&self) -> Option<(Arc<dyn LlmClient>, Arc<LlmCounters>)> {
-        let (dispatcher, totals, _) = self.inner.llm.as_ref()?;
+        let (dispatcher, totals, _, _) = self.inner.llm.as_ref()?;
         Some((dispatcher.client(), totals.clone()))
     }
 
@@ -241,6 +263,29 @@ impl Engine {
             checkpoint: true,
         };
         Ok(self.inner.supervisor.send(stop).await?)
+    }
+}
+
+/// An [`Engine`] that does not keep it running: what a task's session bridge holds, so that
+/// a session never keeps its own engine alive.
+#[derive(Clone)]
+pub(crate) struct WeakEngine(std::sync::Weak<EngineInner>);
+
+impl WeakEngine {
+    /// The engine, while a handle to it lives.
+    pub(crate) fn upgrade(&self) -> Option<Engine> {
+        self.0.upgrade().map(|inner| Engine { inner })
+    }
+}
+
+impl Engine {
+    pub(crate) fn downgrade(&self) -> WeakEngine {
+        WeakEngine(Arc::downgrade(&self.inner))
+    }
+
+    /// The bridge of sessions and the RLM loop's defaults, with `[llm]`.
+    pub(crate) fn llm_dispatcher(&self) -> Option<(&Dispatcher, &RlmConfig)> {
+        (self.inner.llm.as_ref()).map(|(dispatcher, _, _, rlm)| (dispatcher, rlm))
     }
 }
 

@@ -87,7 +87,7 @@ mod state_lock;
 pub mod task;
 
 pub use config::{
-    EngineConfig, LlmConfig, MemoryConfig, Price, ProactiveConfig, RemoteEmbedderConfig,
+    EngineConfig, LlmConfig, MemoryConfig, Price, ProactiveConfig, RemoteEmbedderConfig, RlmConfig,
     SandboxConfig, SandboxLayer, StateConfig,
 };
 pub use engine::{Engine, EngineStats};

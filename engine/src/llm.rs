@@ -12,6 +12,6 @@ mod openai;
 mod stats;
 
 pub use client::{ChatMessage, ChatRequest, Completion, LlmClient, LlmError, Usage};
-pub use dispatch::Dispatcher;
+pub use dispatch::{texts, Answers, Dispatcher};
 pub use openai::OpenAiClient;
 pub use stats::{describe, LlmCounters, LlmStats};

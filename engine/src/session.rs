@@ -240,6 +240,15 @@ impl Session {
         Ok(self.handle.addr.send(close).await?)
     }
 
+    /// Ends the session and its worker at once, without waiting; for a task's session whose
+    /// loop ended or was dropped.
+    pub(crate) fn close_in_background(&self) {
+        self.handle.addr.do_send(Close {
+            graceful: false,
+            state: CloseState::Forget,
+        });
+    }
+
     /// Takes a last checkpoint, then ends the session and its worker. A named session's
     /// checkpoints stay on disk, so that a later engine brings it back on first use.
     pub async fn close_with_checkpoint(self) -> Result<(), EngineError> {

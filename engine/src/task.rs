@@ -1,8 +1,9 @@
 //! LLM task loops run by the engine in a session (docs/protocol.md, `task.run`): what a task
 //! asks, what it reports step by step, how it ended, and [`Engine::run_task`] with
-//! [`Engine::cancel_task`]. The loop itself is in [`transform`]; replies are read in [`reply`].
-//!
-//! Only the `transform` kind is implemented: `rlm` is refused with a clear error.
+//! [`Engine::cancel_task`]. The loops are in [`transform`] and [`rlm`]; replies are read in
+//! [`reply`]; an RLM loop's budget is a [`BudgetController`] and its session's bridge a
+//! [`bridge::TaskBridge`]. A session a task makes is closed when the task ends, unless the
+//! request says `keep_session`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,16 +14,23 @@ use tokio::sync::{mpsc, watch};
 
 use crate::errors::EngineError;
 use crate::llm::Usage;
-use crate::{Engine, ExecutionResult, ExecutionStatus};
+use crate::{Engine, ExecuteRequest, ExecutionResult, ExecutionStatus, Session};
 
+mod bridge;
+mod budget;
+mod record;
 mod reply;
+mod rlm;
 mod transform;
+
+pub use budget::{BudgetController, Spent};
+pub use record::{RecordedCall, ReplayClient};
 
 /// The loop a task runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskKind {
-    /// The recursive language model loop (not implemented yet).
+    /// The recursive language model loop.
     Rlm,
     /// The deterministic pandas transform loop.
     Transform,
@@ -39,6 +47,9 @@ pub struct TaskRequest {
     /// name of a variable the session already has.
     #[serde(default)]
     pub data: BTreeMap<String, String>,
+    /// The RLM loop's `context` variable; no context when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<TaskContext>,
     /// A model name of the config; the default model when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -50,6 +61,28 @@ pub struct TaskRequest {
     /// The task's id, for `task.cancel`; the engine picks `t-N` when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+    /// Leave the session the task made open when it ends (it is closed otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_session: bool,
+}
+
+/// An RLM task's context: a string, or a file the session reads (`.json`, `.jsonl`, `.csv`,
+/// `.tsv` are parsed, anything else is text), so that it never passes through a prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TaskContext {
+    Text(String),
+    File { path: String },
+}
+
+impl TaskContext {
+    /// The spec of the loop's setup code.
+    fn spec(&self) -> serde_json::Value {
+        match self {
+            TaskContext::Text(text) => serde_json::json!({ "value": text }),
+            TaskContext::File { path } => serde_json::json!({ "path": path }),
+        }
+    }
 }
 
 /// What a task may spend.
@@ -59,10 +92,11 @@ pub struct Budget {
     /// Dollars, from `[llm.prices]`; no limit when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost: Option<f64>,
-    /// Model replies; 5 for a transform when `None`.
+    /// Model replies; 5 for a transform, `[llm.rlm] max_iterations` for an RLM loop, when
+    /// `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_iterations: Option<u32>,
-    /// Nesting of sub-loops (for `rlm`).
+    /// Nesting of `rlm_query` loops; `[llm.rlm] max_depth` when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_depth: Option<u32>,
 }
@@ -148,6 +182,18 @@ pub struct TaskOutcome {
     /// Why the task ended with `error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Every completion the task got, nested loops' and sessions' calls included, for an
+    /// offline replay ([`ReplayClient`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub llm_calls: Vec<RecordedCall>,
+}
+
+/// A task as `pyvisor task --save` writes it: the request, and the outcome's fields beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedTask {
+    pub request: TaskRequest,
+    #[serde(flatten)]
+    pub outcome: TaskOutcome,
 }
 
 /// The tasks that run, for `task.cancel`.
@@ -215,6 +261,92 @@ impl Tasks {
     }
 }
 
+impl TaskOutcome {
+    /// An outcome with nothing done yet, to fill in.
+    fn empty() -> Self {
+        TaskOutcome {
+            task_id: String::new(),
+            status: TaskStatus::Error,
+            answer: None,
+            final_code: None,
+            result: None,
+            iterations: 0,
+            cost: 0.0,
+            tokens: Usage::default(),
+            messages: Vec::new(),
+            session_id: String::new(),
+            error: None,
+            llm_calls: Vec::new(),
+        }
+    }
+}
+
+/// A session a task made: closed when this drops (the task ended, or its future was dropped),
+/// unless the caller asked to keep it.
+pub(crate) struct TaskSession {
+    session: Session,
+    close: bool,
+}
+
+impl TaskSession {
+    fn new(session: Session, close: bool) -> Self {
+        Self { session, close }
+    }
+}
+
+impl std::ops::Deref for TaskSession {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        &self.session
+    }
+}
+
+impl Drop for TaskSession {
+    fn drop(&mut self) {
+        if self.close {
+            self.session.close_in_background();
+        }
+    }
+}
+
+/// Why a loop stops before its natural end.
+pub(super) enum Stop {
+    Cancelled,
+    Failed(String),
+}
+
+/// Runs `code` in `session`; a cancel interrupts it.
+async fn run_code(
+    session: &Session,
+    cancelled: &watch::Receiver<bool>,
+    code: &str,
+) -> Result<ExecutionResult, Stop> {
+    let failed = |err: EngineError| Stop::Failed(err.to_string());
+    let mut cancelled = cancelled.clone();
+    let execution = session
+        .execute(ExecuteRequest::new(code))
+        .await
+        .map_err(failed)?;
+    let result = execution.result();
+    tokio::pin!(result);
+    tokio::select! {
+        run = &mut result => run.map_err(failed),
+        () = self::cancelled(&mut cancelled) => {
+            let _ = session.interrupt().await;
+            let _ = result.await;
+            Err(Stop::Cancelled)
+        }
+    }
+}
+
+/// Resolves when the task is cancelled (never, once nobody can cancel it).
+async fn cancelled(flag: &mut watch::Receiver<bool>) {
+    if flag.wait_for(|cancelled| *cancelled).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 impl Engine {
     /// Runs an LLM task loop in a session of `owner` (a new one unless the request names
     /// one), sending each step of its history to `steps` as it happens.
@@ -224,31 +356,113 @@ impl Engine {
         owner: Option<&str>,
         steps: Option<mpsc::UnboundedSender<TaskMessage>>,
     ) -> Result<TaskOutcome, EngineError> {
-        if request.kind == TaskKind::Rlm {
+        if self.llm_client().is_none() {
+            return Err(EngineError::NoLlm);
+        }
+        if request.kind == TaskKind::Rlm && request.session_id.is_some() {
             return Err(EngineError::Task(
-                "kind rlm is not implemented yet; use kind transform".into(),
+                "session_id: an rlm task runs in a session of its own, whose LLM calls its \
+                 budget accounts; give the data as context or data instead"
+                    .into(),
             ));
         }
-        let client = self.llm_client().ok_or(EngineError::NoLlm)?;
+        if request.kind == TaskKind::Transform && request.context.is_some() {
+            return Err(EngineError::Task(
+                "context: only an rlm task has a context; a transform takes data".into(),
+            ));
+        }
         let (registered, cancelled) = self.tasks().register(request.task_id.clone(), owner)?;
+        let task_id = registered.id.clone();
+        let recorder = record::Recorder::default();
+        let mut outcome = self
+            .run_registered(request, owner, steps, task_id, cancelled, &recorder)
+            .await?;
+        outcome.llm_calls = recorder.calls();
+        drop(registered);
+        Ok(outcome)
+    }
+
+    /// Runs a registered task's loop.
+    async fn run_registered(
+        &self,
+        request: TaskRequest,
+        owner: Option<&str>,
+        steps: Option<mpsc::UnboundedSender<TaskMessage>>,
+        task_id: String,
+        cancelled: watch::Receiver<bool>,
+        recorder: &record::Recorder,
+    ) -> Result<TaskOutcome, EngineError> {
+        let client = self.llm_client().ok_or(EngineError::NoLlm)?;
+        if request.kind == TaskKind::Rlm {
+            let (dispatcher, config) = self.llm_dispatcher().ok_or(EngineError::NoLlm)?;
+            let bridge = bridge::TaskBridge {
+                dispatcher: dispatcher.clone(),
+                budget: BudgetController::root(&request.budget, config),
+                nest: bridge::Nest {
+                    engine: self.downgrade(),
+                    owner: owner.map(str::to_owned),
+                    model: request.model.clone(),
+                    config: *config,
+                    task_id: task_id.clone(),
+                    cancelled,
+                    recorder: recorder.clone(),
+                },
+                ended: Default::default(),
+            };
+            let session = rlm::loop_session(self, &bridge, request.keep_session).await?;
+            if !request.data.is_empty() {
+                let load = transform::load_code(&request.data);
+                let loaded = match load {
+                    Ok(code) => run_code(&session, &bridge.nest.cancelled, &code).await,
+                    Err(stop) => Err(stop),
+                };
+                let failure = match loaded {
+                    Ok(run) if run.status == ExecutionStatus::Ok => None,
+                    Ok(run) => Some(StepExecution::from(&run).error.unwrap_or_default()),
+                    Err(Stop::Failed(why)) => Some(why),
+                    Err(Stop::Cancelled) => Some("cancelled".into()),
+                };
+                if let Some(why) = failure {
+                    return Ok(TaskOutcome {
+                        task_id,
+                        error: Some(format!("loading the data failed: {why}")),
+                        session_id: session.id().to_owned(),
+                        ..TaskOutcome::empty()
+                    });
+                }
+            }
+            let run = rlm::Rlm {
+                session: &session,
+                client,
+                bridge: &bridge,
+                prompt: &request.prompt,
+                task_id,
+                steps,
+            };
+            let context =
+                (request.context.as_ref()).map_or(serde_json::json!({}), TaskContext::spec);
+            return Ok(run.run(context).await);
+        }
         let session = match &request.session_id {
-            Some(id) => self.session(id, owner).await?,
+            Some(id) => TaskSession::new(self.session(id, owner).await?, false),
             None => {
                 let options = crate::SessionOptions {
                     owner: owner.map(str::to_owned),
                     llm: Some(false),
                     ..Default::default()
                 };
-                self.create_session(options).await?
+                let session = self.create_session(options).await?;
+                TaskSession::new(session, !request.keep_session)
             }
         };
         let run = transform::Transform {
             session: &session,
             client,
             request: &request,
-            task_id: registered.id.clone(),
+            task_id,
             steps,
             cancelled,
+            recorder: recorder.clone(),
         };
         Ok(run.run().await)
     }

@@ -11,6 +11,8 @@ pub enum LlmCallKind {
     Llm,
     /// `llm_query_batched(prompts)`: one answer per prompt.
     LlmBatched,
+    /// `rlm_query(task, ctx)`: one task for a nested loop, one answer.
+    Rlm,
 }
 
 impl LlmCallKind {
@@ -19,6 +21,7 @@ impl LlmCallKind {
         match self {
             LlmCallKind::Llm => "llm",
             LlmCallKind::LlmBatched => "llm_batched",
+            LlmCallKind::Rlm => "rlm",
         }
     }
 }

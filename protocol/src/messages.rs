@@ -385,6 +385,9 @@ pub enum WorkerMessage {
         /// A model name of the engine's config; its default model when `None`.
         #[serde(default)]
         model: Option<String>,
+        /// The context of an `rlm` call (`ctx`): a string, or another JSON value.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context: Option<serde_json::Value>,
     },
     /// A message kind this host does not know, from a newer worker. The host never sends it;
     /// the pump drops it with a warning rather than take the stream for corrupt. A kind it

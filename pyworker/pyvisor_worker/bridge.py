@@ -1,5 +1,7 @@
-"""The LLM bridge: ``llm_query`` and ``llm_query_batched`` for the session's code, answered by
-the host, which holds the key and chooses the endpoint; the session never sees either.
+"""The LLM bridge: ``llm_query``, ``llm_query_batched`` and ``rlm_query`` for the session's code,
+answered by the host, which holds the key, chooses the endpoint and keeps the budget; the
+session never sees any of them, and nothing it sends can raise its budget or depth: a call
+carries only prompts, a model name and a context.
 
 The host gives a worker the bridge with ``{"type": "llm_enable"}`` before any execute; the
 functions and their exceptions (``LlmError``, and ``BudgetExceeded``, a kind of it) then
@@ -7,8 +9,8 @@ become builtins. A worker never enabled has none of these names.
 
 A call, from any thread, while an execution runs:
 
-    {"type": "llm_call", "id": "e-1", "call": 7, "kind": "llm" | "llm_batched",
-     "prompts": ["..."], "model": null | "small"}
+    {"type": "llm_call", "id": "e-1", "call": 7, "kind": "llm" | "llm_batched" | "rlm",
+     "prompts": ["..."], "model": null | "small", "context": <any JSON, rlm only>}
 
 and the calling thread waits for the reply that the reader thread routes to it:
 
@@ -22,6 +24,7 @@ answers any thread still waiting with an LlmError.
 
 import builtins
 import itertools
+import json
 import queue
 import threading
 
@@ -45,6 +48,7 @@ def install():
     """Reader thread: give the session's code the bridge, as builtins."""
     builtins.llm_query = llm_query
     builtins.llm_query_batched = llm_query_batched
+    builtins.rlm_query = rlm_query
     builtins.LlmError = LlmError
     builtins.BudgetExceeded = BudgetExceeded
 
@@ -68,7 +72,20 @@ def llm_query_batched(prompts, model=None):
     return _call("llm_batched", list(prompts), model)
 
 
-def _call(kind, prompts, model):
+def rlm_query(task, ctx=None, model=None):
+    """The answer of a nested RLM loop, one level deeper, in a session of its own, to `task`
+    (a string) with `ctx` (a string, or a value JSON can carry) as its `context` variable. The
+    host may run it as a plain llm_query when the budget or depth left is too small; the
+    answer then says so."""
+    if ctx is not None and type(ctx) is not str:
+        try:
+            json.dumps(ctx)
+        except (TypeError, ValueError) as err:
+            raise TypeError("ctx must be a string or a value JSON can carry: %s" % err) from None
+    return _call("rlm", [task], model, ctx)[0]
+
+
+def _call(kind, prompts, model, context=None):
     """Send one call for the running execution and wait for its answers."""
     if not all(type(prompt) is str for prompt in prompts):
         raise TypeError("prompts must be strings")
@@ -82,8 +99,11 @@ def _call(kind, prompts, model):
         number = next(_numbers)
         _waiting[number] = slot
     try:
-        protocol.send({"type": "llm_call", "id": execution_id, "call": number, "kind": kind,
-                       "prompts": prompts, "model": model})
+        frame = {"type": "llm_call", "id": execution_id, "call": number, "kind": kind,
+                 "prompts": prompts, "model": model}
+        if context is not None:
+            frame["context"] = context
+        protocol.send(frame)
         reply = slot.get()
     finally:
         with _lock:

@@ -330,3 +330,44 @@ async fn a_flood_from_one_session_is_bounded_and_leaves_another_served() {
     assert_eq!(server.most_in_flight(), 4);
     assert_eq!(engine.stats().await.unwrap().llm.unwrap().refused, 17);
 }
+
+#[tokio::test]
+async fn a_named_session_restored_from_disk_keeps_its_bridge() {
+    let server = FakeLlm::start(|call| Reply::text(format!("echo: {}", call.last())));
+    let dir = pyvisor_tests::state_dir();
+    let engine_in = |dir: std::path::PathBuf| {
+        let mut config = EngineConfig::default();
+        config.pool.min_idle = 1;
+        config.llm = Some(LlmConfig::new(&server.url, "fake-1"));
+        config.state = pyvisor::StateConfig {
+            dir: Some(dir),
+            ..pyvisor_tests::manual_checkpoints()
+        };
+        engine_with(config)
+    };
+    let first = engine_in(dir.clone()).await;
+    for (name, llm) in [("agent", true), ("plain", false)] {
+        let options = SessionOptions {
+            name: Some(name.into()),
+            llm: Some(llm),
+            ..SessionOptions::default()
+        };
+        let session = first.create_session(options).await.unwrap();
+        run(&session, "x = 1").await;
+    }
+    within(first.shutdown(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    drop(first);
+
+    let second = engine_in(dir).await;
+    let back = second.session("agent", None).await.unwrap();
+    assert!(back.restored());
+    assert_eq!(value(&back, "llm_query('again')").await, "'echo: again'");
+    let plain = second.session("plain", None).await.unwrap();
+    assert!(plain.restored());
+    assert_eq!(
+        value(&plain, "'llm_query' in dir(__builtins__)").await,
+        "False"
+    );
+}

@@ -50,8 +50,10 @@ fn transform(prompt: &str, file: &tempfile::NamedTempFile) -> TaskRequest {
         .into(),
         model: None,
         budget: Budget::default(),
+        context: None,
         session_id: None,
         task_id: None,
+        keep_session: false,
     }
 }
 
@@ -74,6 +76,15 @@ async fn a_transform_that_fails_recovers_and_ends_with_done() {
     assert_eq!(outcome.status, TaskStatus::Done, "{outcome:#?}");
     assert_eq!(outcome.iterations, 3);
     assert_eq!(outcome.final_code.as_deref(), Some(TOTALS));
+    // The session the task made is closed at its end.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !engine.sessions(None).await.unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the task's session stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let result = outcome.result.as_deref().unwrap();
     assert!(
         result.contains("shape (2, 2)") && result.contains("north") && result.contains("17"),
@@ -213,9 +224,10 @@ async fn a_cancel_ends_a_running_task_and_bad_requests_are_refused() {
     assert!(outcome.error.unwrap().contains("not a Python name"));
     let mut rlm = transform("x", &file);
     rlm.kind = TaskKind::Rlm;
+    rlm.session_id = Some("s-1".into());
     let refused = engine.run_task(rlm, None, None).await.err().unwrap();
     assert!(
-        refused.to_string().contains("rlm is not implemented"),
+        refused.to_string().contains("session of its own"),
         "{refused}"
     );
 }
@@ -230,7 +242,8 @@ async fn task_run_streams_each_step_before_its_result_over_the_protocol() {
     let dispatcher = Dispatcher::new(engine.clone(), pyvisor::SessionLimits::default());
     let (out, mut queue) = Outbound::new(1 << 20);
     let params = json!({"kind": "transform", "prompt": "totals", "stream": true,
-                        "data": {"sales": file.path()}, "task_id": "t-rpc"});
+                        "data": {"sales": file.path()}, "task_id": "t-rpc",
+                        "keep_session": true});
     let caller = Caller::owner("ada");
     let result = within(dispatcher.call(&caller, "task.run", Some(params), &out))
         .await
@@ -242,7 +255,7 @@ async fn task_run_streams_each_step_before_its_result_over_the_protocol() {
     let session = engine
         .session(result["session_id"].as_str().unwrap(), Some("ada"))
         .await;
-    assert!(session.is_ok(), "the task's session is the caller's");
+    assert!(session.is_ok(), "the kept session is the caller's");
     let mut steps = Vec::new();
     while !queue.is_empty() {
         let note: Value = serde_json::from_str(&queue.recv().await.unwrap()).unwrap();

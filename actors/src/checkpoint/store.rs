@@ -34,6 +34,7 @@ use listing::{
     checked_info, newest_session_name, next_sequence, read_info, retained_groups, sequences,
     system_time,
 };
+pub use options::StoredOptions;
 
 /// How many checkpoints a session keeps by default. Checkpoints share the blobs of the groups
 /// they have in common, so keeping many costs only their differences.
@@ -615,5 +616,6 @@ pub(super) fn io_error<'a>(
 
 mod disk;
 mod listing;
+mod options;
 #[cfg(test)]
 mod tests;

@@ -36,6 +36,7 @@ pub(super) struct CallFrame {
     pub kind: LlmCallKind,
     pub prompts: Vec<String>,
     pub model: Option<String>,
+    pub context: Option<serde_json::Value>,
 }
 
 impl SessionActor {
@@ -63,6 +64,7 @@ impl SessionActor {
             kind: frame.kind,
             prompts: frame.prompts,
             model: frame.model,
+            context: frame.context,
         });
         let handle = ctx.spawn(future.into_actor(self).map(move |outcome, act, _| {
             if act.generation == generation && act.llm_calls.pending.remove(&call).is_some() {

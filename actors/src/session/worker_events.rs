@@ -80,6 +80,7 @@ impl SessionActor {
                 kind,
                 prompts,
                 model,
+                context,
             } => {
                 let frame = super::llm_calls::CallFrame {
                     execution_id: id,
@@ -87,6 +88,7 @@ impl SessionActor {
                     kind,
                     prompts,
                     model,
+                    context,
                 };
                 return self.llm_call(frame, ctx);
             }

@@ -128,6 +128,9 @@ pub struct SessionOptions {
     /// Whether the session's code gets `llm_query` and its kin; the engine's `[llm] sessions`
     /// when `None`.
     pub llm: Option<bool>,
+    /// A bridge of this session's own, which answers its code's LLM calls in place of the
+    /// engine's (the session gets the functions whatever `llm` says).
+    pub bridge: Option<crate::bridge::SessionBridge>,
 }
 
 /// A Python interpreter other than the engine's, with the worker package it runs.

@@ -55,6 +55,8 @@ struct State {
     sessions: HashMap<String, SessionQueue>,
     /// Session ids by the ids and names callers used for them.
     ids: HashMap<String, String>,
+    /// Where the `task.step` notifications of a streaming `task.run` go, by task id.
+    tasks: HashMap<String, mpsc::UnboundedSender<Value>>,
 }
 
 enum Ended {
@@ -115,6 +117,17 @@ impl Connection {
         state.calls.insert(id, Pending::Call(tx));
         self.send(&mut state, line)?;
         Ok(rx)
+    }
+
+    /// The `task.step` notifications of task `task_id`, from now until [`Self::unwatch_task`].
+    pub fn watch_task(&self, task_id: &str) -> mpsc::UnboundedReceiver<Value> {
+        let (steps, watched) = mpsc::unbounded_channel();
+        self.state().tasks.insert(task_id.to_owned(), steps);
+        watched
+    }
+
+    pub fn unwatch_task(&self, task_id: &str) {
+        self.state().tasks.remove(task_id);
     }
 
     /// Sends a notification (no id, no response).
@@ -332,9 +345,17 @@ impl State {
         }
     }
 
-    /// A notification arrived: hand it to the streaming execute in flight for its session.
+    /// A notification arrived: hand it to the streaming execute in flight for its session,
+    /// or a task's step to whoever watches that task.
     fn route(&mut self, method: &str, params: Value) {
         let (session_id, execution_id, event) = match method {
+            crate::rpc::task::STEP => {
+                let task = params["task_id"].as_str().unwrap_or_default();
+                if let Some(steps) = self.tasks.get(task) {
+                    let _ = steps.send(params);
+                }
+                return;
+            }
             notification::OUTPUT => match decode::<wire::OutputNote>(method, params) {
                 Ok(note) => (
                     note.session_id,

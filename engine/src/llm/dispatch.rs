@@ -8,17 +8,18 @@
 //! permit before the engine's, so one session flooding the bridge holds at most its share
 //! and the others' calls still go out. A session may have at most `max_pending` prompts
 //! waiting or in flight; more are refused with `LlmError`. Dropping a call's future (the
-//! execution ended) drops its requests.
+//! execution ended) drops its requests. [`Dispatcher::ask`] gives each prompt's completion,
+//! for the task loops' bridges, which account their cost; `rlm_query` is theirs alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::{join_all, BoxFuture};
-use pyvisor_actors::bridge::{llm_error, BridgeCall, LlmBridge, LlmFailure};
+use pyvisor_actors::bridge::{llm_error, BridgeCall, LlmBridge, LlmCallKind, LlmFailure};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::client::{ChatMessage, ChatRequest, Completion, LlmClient};
+use super::client::{ChatMessage, ChatRequest, Completion, LlmClient, LlmError};
 use super::stats::LlmCounters;
 use crate::config::LlmConfig;
 
@@ -29,10 +30,13 @@ pub struct Dispatcher {
     shared: Arc<Shared>,
 }
 
+/// Each prompt's completion, or why it has none.
+pub type Answers = Vec<Result<Completion, LlmError>>;
+
 /// A call and where its answers go.
 struct Job {
     call: BridgeCall,
-    reply: oneshot::Sender<Result<Vec<String>, LlmFailure>>,
+    reply: oneshot::Sender<Result<Answers, LlmFailure>>,
 }
 
 struct Shared {
@@ -99,10 +103,10 @@ impl Dispatcher {
     pub fn client(&self) -> Arc<dyn LlmClient> {
         self.shared.client.clone()
     }
-}
 
-impl LlmBridge for Dispatcher {
-    fn call(&self, call: BridgeCall) -> BoxFuture<'static, Result<Vec<String>, LlmFailure>> {
+    /// The completion of each prompt of `call` (of kind `llm` or `llm_batched`), or why the
+    /// call was refused before any request.
+    pub fn ask(&self, call: BridgeCall) -> BoxFuture<'static, Result<Answers, LlmFailure>> {
         let (reply, answer) = oneshot::channel();
         let sent = self.jobs.send(Job { call, reply });
         Box::pin(async move {
@@ -114,9 +118,28 @@ impl LlmBridge for Dispatcher {
     }
 }
 
+/// The texts of `answers`, or the first failure.
+pub fn texts(answers: Answers) -> Result<Vec<String>, LlmFailure> {
+    (answers.into_iter())
+        .map(|answer| answer.map(|c| c.text).map_err(|e| llm_error(e.to_string())))
+        .collect()
+}
+
+impl LlmBridge for Dispatcher {
+    fn call(&self, call: BridgeCall) -> BoxFuture<'static, Result<Vec<String>, LlmFailure>> {
+        if call.kind == LlmCallKind::Rlm {
+            let refusal = "rlm_query runs only in the sessions of an rlm task (task.run kind \
+                           rlm), whose budget it spends";
+            return Box::pin(std::future::ready(Err(llm_error(refusal))));
+        }
+        let answers = self.ask(call);
+        Box::pin(async move { texts(answers.await?) })
+    }
+}
+
 impl Shared {
-    /// Answers one call: every prompt, or the first failure.
-    async fn serve(&self, call: BridgeCall) -> Result<Vec<String>, LlmFailure> {
+    /// Answers one call: each prompt's completion, or why none was asked.
+    async fn serve(&self, call: BridgeCall) -> Result<Answers, LlmFailure> {
         let kind = call.kind.as_str();
         let model = (self.client)
             .resolve_model(call.model.as_deref())
@@ -127,9 +150,8 @@ impl Shared {
         let gate = self.admit(&call.session_id, call.prompts.len())?;
         let answers = self.send_all(&call, &gate, kind).await;
         self.release(&call.session_id, &gate, call.prompts.len());
-        let completions = answers.map_err(|err| llm_error(err.to_string()))?;
-        tracing::debug!(session = %call.session_id, model, kind, prompts = completions.len(), "bridge call answered");
-        Ok(completions.into_iter().map(|c| c.text).collect())
+        tracing::debug!(session = %call.session_id, model, kind, prompts = answers.len(), "bridge call answered");
+        Ok(answers)
     }
 
     /// Counts `prompts` against the session's `max_pending`, or refuses them.
@@ -166,12 +188,7 @@ impl Shared {
     }
 
     /// Waits for the batch window, then sends every prompt under the permits.
-    async fn send_all(
-        &self,
-        call: &BridgeCall,
-        gate: &SessionGate,
-        kind: &'static str,
-    ) -> Result<Vec<Completion>, super::LlmError> {
+    async fn send_all(&self, call: &BridgeCall, gate: &SessionGate, kind: &'static str) -> Answers {
         if !self.window.is_zero() {
             let now = Instant::now();
             let ends = {
@@ -194,6 +211,6 @@ impl Shared {
             self.counters.record(kind, &outcome);
             outcome
         });
-        join_all(requests).await.into_iter().collect()
+        join_all(requests).await
     }
 }

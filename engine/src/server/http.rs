@@ -11,6 +11,7 @@
 mod guard;
 mod memory;
 mod routes;
+mod tasks;
 mod ws;
 
 use std::io;

@@ -4,14 +4,17 @@
 //! the model answers `DONE` or with fixed code. A reply without a code block is answered with a
 //! request for one. The loop never goes past its iteration cap (5 by default) or its budget.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
+use super::record::Recorder;
 use super::reply::{last_code_block, says_done};
+use super::{cancelled, run_code, Stop};
 use super::{StepExecution, TaskMessage, TaskOutcome, TaskRequest, TaskStatus};
 use crate::llm::{ChatMessage, ChatRequest, LlmClient, LlmCounters, Usage};
-use crate::{ExecuteRequest, ExecutionResult, ExecutionStatus, Session};
+use crate::{ExecutionResult, ExecutionStatus, Session};
 
 /// Model replies of a transform that states no `max_iterations`.
 const DEFAULT_ITERATIONS: u32 = 5;
@@ -60,6 +63,8 @@ pub(super) struct Transform<'a> {
     pub task_id: String,
     pub steps: Option<mpsc::UnboundedSender<TaskMessage>>,
     pub cancelled: watch::Receiver<bool>,
+    /// Where the task's completions are kept.
+    pub recorder: Recorder,
 }
 
 /// The loop's state as it goes.
@@ -70,12 +75,6 @@ struct Progress {
     tokens: Usage,
     /// The last code whose `result` was valid, and its preview.
     success: Option<(String, String)>,
-}
-
-/// Why the loop stops before its natural end.
-enum Stop {
-    Cancelled,
-    Failed(String),
 }
 
 impl Transform<'_> {
@@ -105,12 +104,13 @@ impl Transform<'_> {
             messages: progress.messages,
             session_id: self.session.id().to_owned(),
             error,
+            llm_calls: Vec::new(),
         }
     }
 
     async fn drive(&mut self, progress: &mut Progress) -> Result<TaskStatus, Stop> {
         let names: Vec<String> = self.request.data.keys().cloned().collect();
-        let load = load_code(self.request)?;
+        let load = load_code(&self.request.data)?;
         if !load.is_empty() {
             let run = self.execute(&load).await?;
             if run.status != ExecutionStatus::Ok {
@@ -204,12 +204,14 @@ impl Transform<'_> {
                 .collect(),
         };
         let (client, counters) = &self.client;
+        let messages = request.messages.clone();
         let answer = tokio::select! {
             answer = client.complete(request) => answer,
             () = cancelled(&mut self.cancelled) => return Err(Stop::Cancelled),
         };
         counters.record("transform", &answer);
         let done = answer.map_err(|err| Stop::Failed(err.to_string()))?;
+        self.recorder.record(&messages, &done);
         progress.iterations += 1;
         progress.cost += done.cost;
         progress.tokens += done.usage;
@@ -218,22 +220,7 @@ impl Transform<'_> {
 
     /// Runs `code` in the session; a cancel interrupts it.
     async fn execute(&mut self, code: &str) -> Result<ExecutionResult, Stop> {
-        let failed = |err: crate::EngineError| Stop::Failed(err.to_string());
-        let execution = self
-            .session
-            .execute(ExecuteRequest::new(code))
-            .await
-            .map_err(failed)?;
-        let result = execution.result();
-        tokio::pin!(result);
-        tokio::select! {
-            run = &mut result => run.map_err(failed),
-            () = cancelled(&mut self.cancelled) => {
-                let _ = self.session.interrupt().await;
-                let _ = result.await;
-                Err(Stop::Cancelled)
-            }
-        }
+        run_code(self.session, &self.cancelled, code).await
     }
 
     /// A preview of `names` in the session, and whether all of them are DataFrames.
@@ -290,18 +277,11 @@ impl Transform<'_> {
     }
 }
 
-/// Resolves when the task is cancelled (never, once nobody can cancel it).
-async fn cancelled(flag: &mut watch::Receiver<bool>) {
-    if flag.wait_for(|cancelled| *cancelled).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 /// The code that loads the request's data into the session: each file read with pandas, each
 /// session variable bound to its name.
-fn load_code(request: &TaskRequest) -> Result<String, Stop> {
+pub(super) fn load_code(data: &BTreeMap<String, String>) -> Result<String, Stop> {
     let mut code = String::new();
-    for (name, source) in &request.data {
+    for (name, source) in data {
         if !is_identifier(name) {
             return Err(Stop::Failed(format!("data: {name:?} is not a Python name")));
         }

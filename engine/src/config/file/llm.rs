@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{LlmConfig, Price};
+use crate::config::{LlmConfig, Price, RlmConfig};
 
 /// `[llm]` as read from TOML. An empty `base_url` leaves the engine without an LLM.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +39,29 @@ pub struct LlmSettings {
     /// `[llm.models.<name>] model`: other models that calls may name.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub models: BTreeMap<String, ModelSettings>,
+    /// `[llm.rlm]`: the RLM task loop's defaults.
+    pub rlm: RlmConfig,
+}
+
+/// Checks `[llm.rlm]`'s ranges.
+fn validate_rlm(rlm: &RlmConfig) -> Result<(), (&'static str, String)> {
+    if !(1..=1000).contains(&rlm.max_iterations) {
+        return Err(("llm.rlm.max_iterations", "must be from 1 to 1000".into()));
+    }
+    if rlm.max_depth > 8 {
+        return Err(("llm.rlm.max_depth", "must be at most 8".into()));
+    }
+    if !(rlm.sub_share > 0.0 && rlm.sub_share <= 1.0) {
+        return Err(("llm.rlm.sub_share", "must be above 0 and at most 1".into()));
+    }
+    if !(rlm.downgrade_below_cost.is_finite() && rlm.downgrade_below_cost >= 0.0) {
+        let why = "must be finite and not negative";
+        return Err(("llm.rlm.downgrade_below_cost", why.into()));
+    }
+    if rlm.output_chars < 100 {
+        return Err(("llm.rlm.output_chars", "must be at least 100".into()));
+    }
+    Ok(())
 }
 
 /// `[llm.models.<name>]` as read from TOML.
@@ -65,6 +88,7 @@ impl Default for LlmSettings {
             max_pending: defaults.max_pending,
             prices: BTreeMap::new(),
             models: BTreeMap::new(),
+            rlm: RlmConfig::default(),
         }
     }
 }
@@ -120,7 +144,7 @@ impl LlmSettings {
         if let Some((name, _)) = self.models.iter().find(|(_, m)| m.model.trim().is_empty()) {
             return Err(("llm.models", format!("{name:?}: model must not be empty")));
         }
-        Ok(())
+        validate_rlm(&self.rlm)
     }
 
     /// The engine's LLM configuration; `None` without a `base_url`.
@@ -143,6 +167,7 @@ impl LlmSettings {
             models: (self.models.iter())
                 .map(|(name, model)| (name.clone(), model.model.clone()))
                 .collect(),
+            rlm: self.rlm,
         })
     }
 }

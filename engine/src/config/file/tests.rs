@@ -540,7 +540,8 @@ fn the_llm_section_maps_onto_the_engine() {
         "[llm]\nbase_url = \"http://127.0.0.1:8080/v1\"\nmodel = \"big\"\n\
          api_key_env = \"LLM_KEY\"\ntimeout_s = 2.5\nbatch_window_ms = 0\n\
          [llm.prices.\"big\"]\ninput_per_mtok = 3.0\noutput_per_mtok = 15.0\n\
-         [llm.models.small]\nmodel = \"tiny-1\"\n",
+         [llm.models.small]\nmodel = \"tiny-1\"\n\
+         [llm.rlm]\nsub_share = 0.25\noutput_chars = 500\n",
     );
     let llm = machine.load(None).unwrap().settings.engine_config().llm;
     let llm = llm.expect("an llm");
@@ -552,6 +553,9 @@ fn the_llm_section_maps_onto_the_engine() {
     assert_eq!(llm.prices["big"].output_per_mtok, 15.0);
     assert_eq!(llm.models["small"], "tiny-1");
     assert_eq!(llm.max_concurrency, 16);
+    assert_eq!(llm.rlm.sub_share, 0.25);
+    assert_eq!(llm.rlm.output_chars, 500);
+    assert_eq!(llm.rlm.max_depth, 2, "the default");
 }
 
 #[test]
@@ -574,6 +578,11 @@ fn bad_llm_settings_name_the_key() {
             "llm.prices",
         ),
         ("[llm.models.small]\nmodel = \"m\"\nkey = \"k\"\n", "key"),
+        (
+            "[llm]\nbase_url = \"http://x/v1\"\nmodel = \"m\"\n[llm.rlm]\nsub_share = 1.5\n",
+            "llm.rlm.sub_share",
+        ),
+        ("[llm.rlm]\nshare = 0.5\n", "share"),
     ];
     for (text, key) in cases {
         machine.write("cwd/pyvisor.toml", text);

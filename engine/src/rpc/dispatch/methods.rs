@@ -54,6 +54,7 @@ impl Dispatcher {
             proactive: params.proactive,
             network: params.network,
             llm: params.llm,
+            bridge: None,
         };
         let session = self.engine.create_session(options).await?;
         let (pid, python_version) = match session.pid() {

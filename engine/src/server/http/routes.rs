@@ -34,6 +34,7 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/sessions/{id}/complete", post_method(method::COMPLETE))
             .route("/sessions/{id}/ws", web::get().to(ws::connect))
             .configure(super::memory::configure)
+            .configure(super::tasks::configure)
             .route("/stats", web::get().to(stats))
             .route("/health", web::get().to(health)),
     );
