@@ -10,7 +10,7 @@ use crate::execution::{
     OutputStream, Recovered, ResultValue,
 };
 use crate::memory::Insight;
-use crate::session::{EventSender, ExecutionTicket, Queued, ServePath};
+use crate::session::{EventSender, ExecutionTicket, Progress, Queued, ServePath};
 use crate::worker::{CappedOutput, Utf8Chunker};
 
 /// Why the host interrupted an execution.
@@ -112,7 +112,7 @@ impl Running {
     fn keep_output(&mut self, stream: OutputStream, text: &str) {
         let kept = self.output.push(stream == OutputStream::Stderr, text);
         if !kept.is_empty() && self.request.stream {
-            let _ = self.events.send(Ok(ExecutionEvent::Output {
+            let _ = self.events.send(Progress::Event(ExecutionEvent::Output {
                 stream,
                 data: kept.to_owned(),
             }));
@@ -124,7 +124,7 @@ impl Running {
         if self.request.stream {
             let _ = self
                 .events
-                .send(Ok(ExecutionEvent::Display(display.clone())));
+                .send(Progress::Event(ExecutionEvent::Display(display.clone())));
         }
         self.display.push(display);
     }
@@ -158,6 +158,6 @@ impl Running {
         };
         let _ = self
             .events
-            .send(Ok(ExecutionEvent::Finished(Box::new(result))));
+            .send(Progress::Event(ExecutionEvent::Finished(Box::new(result))));
     }
 }

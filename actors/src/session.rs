@@ -56,8 +56,8 @@ pub use events::{Executed, SessionEvent, Speculated, Subscribers};
 pub use llm_calls::LlmLink;
 pub use messages::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Drain, EventSender, Execute,
-    ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary,
-    SendInput, SessionPhase, SessionSnapshot,
+    ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, Progress, RestoreCheckpoint,
+    RestoreSummary, SendInput, SessionPhase, SessionSnapshot,
 };
 pub use proactive::ProactiveSetup;
 

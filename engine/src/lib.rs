@@ -45,8 +45,9 @@
 //! 4. The worker's pump, a tokio task on the **same arbiter** as its session, reads fd 4 and
 //!    the output pipes (fds 1 and 2) and hands the session ordered events on a bounded tokio
 //!    channel, which the actor consumes as a stream: no thread switch between them.
-//! 5. The session sends the output and the result on the caller's channel: the caller's task
-//!    wakes on its own thread.
+//! 5. The session sends on the caller's channel the ticket first, then the output and
+//!    displays (only to a caller that streams), then the result: the caller's task wakes on
+//!    its own thread. `Execute` has no reply of its own, so no round trip is spent on it.
 //!
 //! So an execute crosses two threads in the host (the caller's and the session's arbiter) and
 //! two in the worker. A worker and its session always share an arbiter: a new session is

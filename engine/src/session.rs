@@ -11,8 +11,8 @@ use pyvisor_actors::checkpoint::{CheckpointId, CheckpointInfo};
 use pyvisor_actors::proactive::predictor::Hint;
 use pyvisor_actors::session::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Complete, Completion, Execute,
-    ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary,
-    SendInput, SessionPhase, SessionSnapshot,
+    ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, Progress, RestoreCheckpoint,
+    RestoreSummary, SendInput, SessionPhase, SessionSnapshot,
 };
 use pyvisor_actors::supervisor::SessionHandle;
 use pyvisor_actors::{ExecuteRequest, ExecutionEvent, ExecutionResult, SessionError};
@@ -81,15 +81,17 @@ impl Session {
         &self,
         request: impl Into<ExecuteRequest>,
     ) -> Result<Execution, EngineError> {
-        let (events_tx, events) = mpsc::unbounded_channel();
-        let ticket = self
-            .handle
-            .addr
-            .send(Execute {
-                request: request.into(),
-                events: events_tx,
-            })
-            .await??;
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        self.handle.addr.do_send(Execute {
+            request: request.into(),
+            events: events_tx,
+        });
+        // The session's first word on the channel: the ticket, or why it refused.
+        let ticket = match events.recv().await {
+            Some(Progress::Accepted(ticket)) => ticket,
+            Some(Progress::Refused(refused)) => return Err(refused.into()),
+            Some(Progress::Event(_)) | None => return Err(EngineError::Stopped),
+        };
         Ok(Execution {
             ticket,
             session_id: self.handle.session_id.clone(),
@@ -101,9 +103,6 @@ impl Session {
     /// Runs `request` (or code) to completion, without input forwarding: `input()` raises
     /// `EOFError`.
     ///
-    /// Unlike [`Self::execute`] it does not wait for the session to accept the request
-    /// before waiting for the result: a refusal arrives on the same channel as the result,
-    /// which saves a round trip to the actor thread on the hot path.
     pub async fn run(
         &self,
         request: impl Into<ExecuteRequest>,
@@ -117,11 +116,11 @@ impl Session {
             request,
             events: events_tx,
         });
-        while let Some(event) = events.recv().await {
-            match event {
-                Ok(ExecutionEvent::Finished(result)) => return Ok(*result),
-                Ok(_) => {}
-                Err(refused) => return Err(refused.into()),
+        while let Some(progress) = events.recv().await {
+            match progress {
+                Progress::Event(ExecutionEvent::Finished(result)) => return Ok(*result),
+                Progress::Refused(refused) => return Err(refused.into()),
+                Progress::Accepted(_) | Progress::Event(_) => {}
             }
         }
         Err(EngineError::Stopped)
@@ -265,7 +264,7 @@ impl Session {
 pub struct Execution {
     ticket: ExecutionTicket,
     session_id: String,
-    events: mpsc::UnboundedReceiver<Result<ExecutionEvent, SessionError>>,
+    events: mpsc::UnboundedReceiver<Progress>,
     finished: bool,
 }
 
@@ -282,8 +281,8 @@ impl Execution {
 
     /// Skips the remaining events and returns the result.
     pub async fn result(mut self) -> Result<ExecutionResult, EngineError> {
-        while let Some(event) = self.events.recv().await {
-            if let Ok(ExecutionEvent::Finished(result)) = event {
+        while let Some(progress) = self.events.recv().await {
+            if let Progress::Event(ExecutionEvent::Finished(result)) = progress {
                 return Ok(*result);
             }
         }
@@ -300,13 +299,14 @@ impl Stream for Execution {
         if self.finished {
             return Poll::Ready(None);
         }
-        // An accepted execution is never refused later, so only events arrive here.
+        // The ticket was taken before, and an accepted execution is never refused later,
+        // so only events arrive here.
         match self.events.poll_recv(cx) {
-            Poll::Ready(Some(Ok(event))) => {
+            Poll::Ready(Some(Progress::Event(event))) => {
                 self.finished = matches!(event, ExecutionEvent::Finished(_));
                 Poll::Ready(Some(event))
             }
-            Poll::Ready(Some(Err(_)) | None) => Poll::Ready(None),
+            Poll::Ready(Some(_) | None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         }
     }

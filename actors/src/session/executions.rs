@@ -7,7 +7,8 @@ use actix::prelude::*;
 use pyvisor_protocol::HostMessage;
 
 use super::{
-    events, EventSender, ExecutionTicket, ServePath, SessionActor, State, MAX_QUEUED_EXECUTIONS,
+    events, EventSender, ExecutionTicket, Progress, ServePath, SessionActor, State,
+    MAX_QUEUED_EXECUTIONS,
 };
 use crate::errors::SessionError;
 use crate::execution::{
@@ -276,7 +277,7 @@ impl Queued {
         };
         let _ = self
             .events
-            .send(Ok(ExecutionEvent::Finished(Box::new(result))));
+            .send(Progress::Event(ExecutionEvent::Finished(Box::new(result))));
     }
 }
 

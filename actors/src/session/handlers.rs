@@ -10,7 +10,8 @@ use tokio::sync::oneshot;
 use super::deferred::Deferred;
 use super::messages::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Drain, Execute, ExecutionTicket, GetInfo,
-    Interrupt, ListCheckpoints, RestoreCheckpoint, RestoreSummary, SendInput, SessionSnapshot,
+    Interrupt, ListCheckpoints, Progress, RestoreCheckpoint, RestoreSummary, SendInput,
+    SessionSnapshot,
 };
 use super::state::INSPECT_TIMEOUT;
 use super::{Queued, SessionActor, State};
@@ -21,13 +22,12 @@ use crate::worker::Worker;
 use pyvisor_protocol::HostMessage;
 
 impl Handler<Execute> for SessionActor {
-    type Result = Result<ExecutionTicket, SessionError>;
+    type Result = ();
 
-    fn handle(&mut self, msg: Execute, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: Execute, ctx: &mut Context<Self>) {
         if let Err(err) = self.admit(&msg.request) {
-            // Callers that did not wait for this reply learn the reason from the channel.
-            let _ = msg.events.send(Err(err.clone()));
-            return Err(err);
+            let _ = msg.events.send(Progress::Refused(err));
+            return;
         }
         if let State::Failed = self.state {
             self.replace_worker(ctx);
@@ -38,14 +38,14 @@ impl Handler<Execute> for SessionActor {
             execution_id: format!("e-{}", self.execution_count),
             execution_count: self.execution_count,
         };
+        let _ = msg.events.send(Progress::Accepted(ticket.clone()));
         self.queue.push_back(Queued {
-            ticket: ticket.clone(),
+            ticket,
             request: msg.request,
             events: msg.events,
         });
         self.start_next(ctx);
         self.publish_phase();
-        Ok(ticket)
     }
 }
 

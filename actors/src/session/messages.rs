@@ -11,12 +11,22 @@ use crate::checkpoint::{CheckpointId, CheckpointInfo};
 use crate::errors::SessionError;
 use crate::execution::{ExecuteRequest, ExecutionEvent};
 
-/// Receives the events of one execution, or the reason it was refused.
-pub type EventSender = mpsc::UnboundedSender<Result<ExecutionEvent, SessionError>>;
+/// What the caller of one execution hears, in order: its ticket, then its events (the last is
+/// [`ExecutionEvent::Finished`]); or only the reason it was refused.
+#[derive(Debug)]
+pub enum Progress {
+    Accepted(ExecutionTicket),
+    Event(ExecutionEvent),
+    Refused(SessionError),
+}
 
-/// Queue an execution; the reply names it, its events go to `events`.
+/// Receives the [`Progress`] of one execution.
+pub type EventSender = mpsc::UnboundedSender<Progress>;
+
+/// Queue an execution; its ticket and then its events go to `events`, so that the caller
+/// waits for one channel and makes no round trip for the ticket.
 #[derive(Message)]
-#[rtype(result = "Result<ExecutionTicket, SessionError>")]
+#[rtype(result = "()")]
 pub struct Execute {
     pub request: ExecuteRequest,
     pub events: EventSender,

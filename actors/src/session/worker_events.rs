@@ -7,7 +7,7 @@ use actix::prelude::*;
 use pyvisor_protocol::{HostMessage, WorkerMessage, WorkerStatus};
 
 use super::state::{CheckpointReport, Inspection, RestoreReport};
-use super::{host_error, SessionActor, SessionEvent, State, Tagged};
+use super::{host_error, Progress, SessionActor, SessionEvent, State, Tagged};
 use crate::execution::{DisplayData, ExecutionEvent, ExecutionStatus, OutputStream};
 use crate::running::InterruptCause;
 use crate::worker::{Worker, WorkerEvent};
@@ -137,7 +137,10 @@ impl SessionActor {
                 if answerable {
                     let _ = running
                         .events
-                        .send(Ok(ExecutionEvent::InputRequest { prompt, password }));
+                        .send(Progress::Event(ExecutionEvent::InputRequest {
+                            prompt,
+                            password,
+                        }));
                     let timeout = self.setup.limits.input_timeout;
                     let waiting_id = id.clone();
                     let timer = ctx.run_later(timeout, move |act, _| {
