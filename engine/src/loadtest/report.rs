@@ -131,7 +131,8 @@ impl Recorder {
                 .iter()
                 .filter(|f| !f.recovered && !f.cut_by_restart)
                 .count() as u64;
-            let faults_cut_by_restart = end.faults.iter().filter(|f| f.cut_by_restart).count();
+            let faults_cut_by_restart =
+                end.faults.iter().filter(|f| f.cut_by_restart).count() as u64;
             Report {
                 scenario: header.scenario,
                 target: header.target,
@@ -147,7 +148,7 @@ impl Recorder {
                 lost_state: r.lost.clone(),
                 faults: end.faults,
                 faults_unrecovered,
-                faults_cut_by_restart: faults_cut_by_restart as u64,
+                faults_cut_by_restart,
                 crashes: end.crashes,
                 restores: end.restores,
                 pool_hit_rate: end.pool_hit_rate,
@@ -241,7 +242,7 @@ pub struct Report {
     pub lost_state: Vec<LostState>,
     pub faults: Vec<FaultRecord>,
     pub faults_unrecovered: u64,
-    /// Faults in sessions of their own that a `kill_daemon` ended before they answered again.
+    /// Faults a `kill_daemon` cut short ([`FaultRecord::cut_by_restart`]).
     pub faults_cut_by_restart: u64,
     /// Workers that died during the run, and namespaces restored from checkpoints.
     pub crashes: u64,

@@ -3,9 +3,8 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use super::routes::{body_object, call, query, respond};
+use super::routes::{call, query, respond, with_body};
 use super::{ApiError, State};
 use crate::rpc::memory::{CHECK, FEEDBACK, SEARCH, STATS};
 use crate::rpc::Caller;
@@ -59,14 +58,4 @@ async fn stats(
 struct OwnerQuery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     owner: Option<String>,
-}
-
-async fn with_body(
-    state: &State,
-    caller: &Caller,
-    method: &str,
-    body: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    let params = body_object(state, body).await?;
-    respond(call(state, caller, method, Value::Object(params)).await)
 }

@@ -128,13 +128,13 @@ fn post_method(method: &'static str) -> actix_web::Route {
               caller: Caller,
               id: web::Path<String>,
               body: web::Payload| async move {
-            with_body(&state, &caller, method, id, body).await
+            with_session_body(&state, &caller, method, id, body).await
         },
     )
 }
 
 /// Runs `method` of session `id` with the body's params.
-async fn with_body(
+async fn with_session_body(
     state: &State,
     caller: &Caller,
     method: &str,
@@ -194,6 +194,17 @@ pub(super) fn query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result
     web::Query::<T>::from_query(req.query_string())
         .map(web::Query::into_inner)
         .map_err(|err| RpcError::invalid_params(format!("query: {err}")).into())
+}
+
+/// Calls `method` with the body, a JSON object ([`body_object`]), as its params.
+pub(super) async fn with_body(
+    state: &State,
+    caller: &Caller,
+    method: &str,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let params = body_object(state, body).await?;
+    respond(call(state, caller, method, Value::Object(params)).await)
 }
 
 /// The body as a JSON object: none is `{}`, more than `server.max_request_bytes` is "limit

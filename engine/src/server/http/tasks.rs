@@ -4,9 +4,8 @@
 //! the WebSocket or the socket stream them. A client that goes away ends its task.
 
 use actix_web::{web, HttpResponse};
-use serde_json::Value;
 
-use super::routes::{body_object, call, respond};
+use super::routes::{call, respond, with_body};
 use super::{ApiError, State};
 use crate::rpc::task::{CANCEL, RUN};
 use crate::rpc::Caller;
@@ -23,8 +22,7 @@ async fn run(
     caller: Caller,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let params = body_object(&state, body).await?;
-    respond(call(&state, &caller, RUN, Value::Object(params)).await)
+    with_body(&state, &caller, RUN, body).await
 }
 
 async fn cancel(
