@@ -20,7 +20,6 @@ use super::{host_error, SessionActor, State};
 use crate::execution::{DisplayData, ExecutionStatus, OutputStream};
 use crate::proactive::cache::{CacheEntry, Take};
 use crate::proactive::predict::normalise;
-use crate::worker::is_running;
 
 /// How the running execution gets its answer.
 #[derive(Debug, Default)]
@@ -107,7 +106,7 @@ impl SessionActor {
         let sent = match &self.worker {
             // Killed before the session noticed: its exit is on the way, and the code goes
             // to the next worker then instead of dying with this one.
-            Some(worker) if !is_running(worker.pid()) => {
+            Some(worker) if worker.has_exited() => {
                 running.unsent = true;
                 return;
             }
