@@ -255,6 +255,51 @@ async fn facts_say_what_a_cell_read_bound_and_touched() {
 }
 
 #[tokio::test]
+async fn facts_wait_until_no_next_cell_comes() {
+    let mut worker = start().await;
+    let execute = |id: &str, code: &str| HostMessage::Execute {
+        id: id.into(),
+        code: code.into(),
+        repr_limit: 65536,
+        transaction: Transaction::CommitAlways,
+        facts: true,
+        cell: None,
+    };
+    // The second cell is in the worker's hands before the first ends: a caller running cells
+    // back to back, who gets no facts for the first and pays nothing for them.
+    send(
+        &worker,
+        execute("first", "import time\ntime.sleep(0.2)\nx = 1"),
+    );
+    send(&worker, execute("second", "y = x + 1"));
+    let mut told = Vec::new();
+    while told.len() < 4 {
+        match next_message(&mut worker).await {
+            WorkerMessage::Result { id, status, .. } => {
+                assert_eq!(status, WorkerStatus::Ok, "{id}");
+                told.push((id, None));
+            }
+            WorkerMessage::Facts { id, facts } => told.push((id, Some(facts))),
+            other => panic!("unexpected: {other:?}"),
+        }
+    }
+    assert_eq!(told[0], ("first".to_owned(), None));
+    assert_eq!(told[1], ("first".to_owned(), Some(None)));
+    assert_eq!(told[2], ("second".to_owned(), None));
+    // Nothing followed the second cell: its facts are there.
+    let (id, facts) = &told[3];
+    assert_eq!(id, "second");
+    let facts = facts
+        .as_ref()
+        .and_then(|f| f.as_deref())
+        .expect("facts of an idle worker");
+    assert_eq!(
+        (facts.reads.as_slice(), facts.binds.as_slice()),
+        (["x".to_owned()].as_slice(), ["y".to_owned()].as_slice())
+    );
+}
+
+#[tokio::test]
 async fn facts_list_the_files_a_cell_read() {
     let dir = tempfile::tempdir().unwrap();
     let csv = write_csv(dir.path(), "data.csv", "k,v\na,1\nb,2\n");

@@ -34,6 +34,7 @@ KeyboardInterrupt in the running code too, and is ignored while no code runs.
 import ast
 import linecache
 import os
+import queue
 import signal
 import sys
 import threading
@@ -44,6 +45,11 @@ import warnings
 from pyvisor_worker import cells, changes, display, facts, protocol, quiet, state
 
 DEFAULT_REPR_LIMIT = 64 * 1024
+
+# How long the worker waits for a next request before it computes an execution's facts: longer
+# than a client's turn-around between back-to-back cells, short beside any pause worth
+# speculating in.
+FACTS_GRACE = 0.002
 
 # Frames of files under this directory are the worker's own, left out of the code's tracebacks.
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
@@ -157,24 +163,34 @@ def execute(request):
 def send_facts():
     """After the result of an execution that asked for facts: send its "facts" message.
 
-    The facts are computed after the result is sent, so that the caller never waits for them.
-    When another request already waits for the main thread (a caller running cells back to
-    back), they are not computed at all and the message says null: the host then forgets
-    what it knew of the namespace, which costs it nothing it could use in a loop.
+    Returns the request that came in the meantime, for the main loop to serve next, or None.
+
+    The facts are computed after the result is sent, so that the caller never waits for them,
+    and only once the session looks idle: the worker first waits up to FACTS_GRACE for the
+    next request. When an execute or a restore comes in that time (a caller running cells
+    back to back), they are not computed at all and the message says null: the host then
+    forgets what it knew of the namespace, which costs it nothing it could use in a loop,
+    and the loop does not pay for facts it cannot use. Another request (a checkpoint, say)
+    is served after the facts.
     """
     global pending_facts
     if pending_facts is None:
-        return
+        return None
     execution_id, recorder, watch = pending_facts
     pending_facts = None
+    try:
+        arrived = protocol.requests.get(timeout=FACTS_GRACE)
+    except queue.Empty:
+        arrived = None
     cell_facts = None
-    if protocol.requests.empty():
+    if arrived is None or arrived.get("type") not in ("execute", "restore"):
         try:
             with quiet.quiet():
                 cell_facts = recorder.facts(watch)
         except Exception:  # the host treats unknown facts as "anything may have changed"
             cell_facts = None
     protocol.send({"type": "facts", "id": execution_id, "facts": cell_facts})
+    return arrived
 
 
 def result(execution_id, value, error, changed, rolled_back=False):

@@ -89,8 +89,9 @@ def main(preload=()):
 def _serve():
     """Main loop: serve the execute, checkpoint, restore, speculate, adopt and complete
     requests in arrival order."""
+    arrived = None  # a request that came while the worker waited to compute facts
     while True:
-        request = protocol.requests.get()
+        request = arrived if arrived is not None else protocol.requests.get()
         kind = request.get("type")
         try:
             if kind == "execute":
@@ -112,7 +113,7 @@ def _serve():
             reply = _fault_reply(request, exc)
         if reply is not None:
             protocol.send(reply)
-        execution.send_facts()
+        arrived = execution.send_facts()
 
 
 def _fault_reply(request, exc):
