@@ -1,6 +1,6 @@
 //! The LLM layer: a chat completions client ([`LlmClient`], with [`OpenAiClient`] for
 //! OpenAI-compatible endpoints) whose calls report their tokens and cost, and the bridge
-//! ([`Dispatcher`]) that answers the `llm_query` calls of sessions' code with it.
+//! that answers the `llm_query` calls of sessions' code with it.
 //!
 //! The key comes from an environment variable of the engine (`[llm] api_key_env`), never from
 //! a request or the config file; models are named in the config, so a caller can only choose
@@ -12,6 +12,7 @@ mod openai;
 mod stats;
 
 pub use client::{ChatMessage, ChatRequest, Completion, LlmClient, LlmError, Usage};
-pub use dispatch::{texts, Answers, Dispatcher};
+pub(crate) use dispatch::{texts, Dispatcher};
 pub use openai::OpenAiClient;
-pub use stats::{describe, LlmCounters, LlmStats};
+pub use stats::LlmStats;
+pub(crate) use stats::{describe, LlmCounters};

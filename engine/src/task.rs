@@ -1,8 +1,8 @@
 //! LLM task loops run by the engine in a session (docs/protocol.md, `task.run`): what a task
 //! asks, what it reports step by step, how it ended, and [`Engine::run_task`] with
-//! [`Engine::cancel_task`]. The loops are in [`transform`] and [`rlm`]; replies are read in
-//! [`reply`]; an RLM loop's budget is a [`BudgetController`] and its session's bridge a
-//! [`bridge::TaskBridge`]. A session a task makes is closed when the task ends, unless the
+//! [`Engine::cancel_task`]. The loops are in the `transform` and `rlm` modules; replies are
+//! read in `reply`; an RLM loop's budget is a [`BudgetController`] and its session's bridge a
+//! `bridge::TaskBridge`. A session a task makes is closed when the task ends, unless the
 //! request says `keep_session`.
 
 use std::collections::{BTreeMap, HashMap};

@@ -132,7 +132,7 @@ impl Default for PoolSettings {
     }
 }
 
-/// `[state]`: checkpoints (see [`StateConfig`]).
+/// `[state]`: checkpoints (see [`crate::StateConfig`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StateSettings {
