@@ -10,8 +10,10 @@ mod client;
 mod dispatch;
 mod openai;
 mod stats;
+mod window;
 
 pub use client::{ChatMessage, ChatRequest, Completion, LlmClient, LlmError, Usage};
 pub use dispatch::{texts, Answers, Dispatcher};
 pub use openai::OpenAiClient;
 pub use stats::{describe, LlmCounters, LlmStats};
+pub use window::BatchWindow;
