@@ -24,6 +24,12 @@ export class ProtocolError extends PyvisorError {
   override name = "ProtocolError";
 }
 
+/** A sandbox call that could not be done: a name that is not a Python name, a value JSON
+ * cannot carry, an unbound name. */
+export class SandboxError extends PyvisorError {
+  override name = "SandboxError";
+}
+
 /** An error response of the daemon: its `code`, `message` and `data`. */
 export class RpcError extends PyvisorError {
   override name = "RpcError";

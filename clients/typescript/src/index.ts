@@ -13,5 +13,7 @@
 export { connect, defaultSocket, HttpClient, RpcClient } from "./client.js";
 export type { Backend, Client, ConnectOptions } from "./client.js";
 export { Session } from "./session.js";
+export { PyvisorSandbox } from "./sandbox.js";
+export type { SandboxOptions, SandboxResult } from "./sandbox.js";
 export * from "./errors.js";
 export type * from "./types.js";
