@@ -44,9 +44,9 @@ cargo test --workspace --quiet 2>&1 | tee "$log"
 # The client's tests start the `pyvisor` binary that `cargo test` built.
 python3 -m pytest -q -p no:cacheprovider clients/python/tests 2>&1 | tee -a "$log"
 # The TypeScript client (Node 20): its locked dev dependencies, the type check and build, then
-# its node --test suites against that same binary.
+# its node --test suites (with examples/rlm-node) against that same binary.
 (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error \
-    && npx tsc -p . && node --test test/*.test.js) 2>&1 | tee -a "$log"
+    && npx tsc -p . && npx tsc -p ../../examples/rlm-node && node --test test/*.test.js) 2>&1 | tee -a "$log"
 # cargo ends with the (empty) doc-test run of the last crate; close with the whole count.
 # pytest closes with "N failed, N passed in Ts" (each part only when not zero); node --test
 # with "# pass N" and "# fail N".
