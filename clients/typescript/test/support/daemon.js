@@ -42,9 +42,9 @@ export function home(config = "") {
   return { dir, env, remove: () => rmSync(dir, { recursive: true, force: true }) };
 }
 
-/** Starts a daemon; resolves once its socket and HTTP answer. */
-export async function startDaemon(config = "") {
-  const place = home(`[server]\ntoken = "${TOKEN}"\n[llm]\nclient_timeout_s = 20\n` + config);
+/** Starts a daemon, with more `[llm]` settings; resolves once its socket and HTTP answer. */
+export async function startDaemon(llm = "") {
+  const place = home(`[server]\ntoken = "${TOKEN}"\n[llm]\nclient_timeout_s = 20\n` + llm);
   const socket = join(place.dir, "run", "pyvisor.sock");
   const logPath = join(place.dir, "daemon.log");
   const child = spawn(BIN, ["serve", "--socket", socket, "--http", "127.0.0.1:0"], {
