@@ -4,27 +4,12 @@
 // session without `llm` (the functions are absent).
 
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 
 import { connect } from "../dist/index.js";
-import { BIN, TOKEN, home, startDaemon, waitFor } from "./support/daemon.js";
+import { daemonForFile, waitFor } from "./support/daemon.js";
 
-let daemon;
-let childHome;
-before(async () => {
-  daemon = await startDaemon();
-  childHome = home();
-});
-after(async () => {
-  await daemon?.stop();
-  childHome?.remove();
-});
-
-const backends = {
-  socket: () => connect({ backend: "socket", socket: daemon.socket }),
-  stdio: () => connect({ backend: "stdio", pyvisor: BIN, env: childHome.env }),
-  http: () => connect({ backend: "http", url: daemon.url, token: TOKEN }),
-};
+const shared = daemonForFile();
 
 // Two threads ask at once and a batched call follows: onLlm holds the first two answers until
 // both calls are in flight, so they are answered concurrently.
@@ -39,9 +24,9 @@ except LlmError as err:
     failed = str(err)
 (got['a'], got['b'], llm_query_batched(['x', 'y']), failed)`;
 
-for (const [name, open] of Object.entries(backends)) {
+for (const name of ["socket", "stdio", "http"]) {
   test(`over ${name}, onLlm answers calls made at once concurrently`, async () => {
-    const client = await open();
+    const client = await shared.backends[name]();
     try {
       const session = await client.createSession({ llm: "client" });
       const calls = [];
@@ -73,7 +58,7 @@ for (const [name, open] of Object.entries(backends)) {
 }
 
 test("an aborted run cancels the call it waits on", async () => {
-  const client = await connect({ backend: "socket", socket: daemon.socket });
+  const client = await connect({ backend: "socket", socket: shared.daemon.socket });
   const session = await client.createSession({ llm: "client" });
   const controller = new AbortController();
   let cancelled;
@@ -94,7 +79,7 @@ test("an aborted run cancels the call it waits on", async () => {
 });
 
 test("a client that disconnects mid-call leaves a live session whose call raised LlmError", async () => {
-  const owner = await connect({ backend: "socket", socket: daemon.socket });
+  const owner = await connect({ backend: "socket", socket: shared.daemon.socket });
   const session = await owner.createSession({ llm: "client" });
   const code = "try:\n    llm_query('orphan')\nexcept LlmError as err:\n    orphaned = str(err)";
   const running = session.run(code, {
@@ -104,7 +89,7 @@ test("a client that disconnects mid-call leaves a live session whose call raised
     },
   });
   await assert.rejects(running, { name: "ConnectionClosed" });
-  const other = await connect({ backend: "socket", socket: daemon.socket });
+  const other = await connect({ backend: "socket", socket: shared.daemon.socket });
   const again = await other.session(session.id);
   const shown = await waitFor(async () => {
     const ran = await again.run("globals().get('orphaned')");
@@ -118,7 +103,7 @@ test("a client that disconnects mid-call leaves a live session whose call raised
 });
 
 test("a session without llm has none of the functions", async () => {
-  const client = await connect({ backend: "socket", socket: daemon.socket });
+  const client = await connect({ backend: "socket", socket: shared.daemon.socket });
   const session = await client.createSession();
   const result = await session.run("import builtins\n[hasattr(builtins, n) for n in ('llm_query', 'llm_query_batched', 'rlm_query')]");
   assert.equal(result.result.repr, "[False, False, False]");

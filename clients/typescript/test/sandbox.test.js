@@ -2,18 +2,16 @@
 // (never run as code), reset, dispose, and onLlm through its run options.
 
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 
 import { PyvisorSandbox, SandboxError } from "../dist/index.js";
-import { startDaemon } from "./support/daemon.js";
+import { daemonForFile } from "./support/daemon.js";
 
-let daemon;
-before(async () => (daemon = await startDaemon()));
-after(async () => daemon?.stop());
+const shared = daemonForFile();
 
 test("a Pyodide-style sandbox over a pyvisor session", async () => {
   const sandbox = await PyvisorSandbox.create({
-    socket: daemon.socket,
+    socket: shared.daemon.socket,
     session: { llm: "client" },
     run: { onLlm: (call) => "answer to " + call.prompts[0] },
   });

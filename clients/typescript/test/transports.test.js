@@ -7,31 +7,15 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import { connect, ConnectError, UnknownSession, Unauthorized } from "../dist/index.js";
-import { BIN, TOKEN, home, startDaemon, waitFor } from "./support/daemon.js";
+import { TOKEN, daemonForFile, waitFor } from "./support/daemon.js";
 
-let daemon;
-let childHome;
-before(async () => {
-  daemon = await startDaemon();
-  childHome = home();
-});
-after(async () => {
-  await daemon?.stop();
-  childHome?.remove();
-});
+const shared = daemonForFile();
 
-const backends = {
-  socket: () => connect({ backend: "socket", socket: daemon.socket }),
-  // No daemon at this socket: auto falls back to a child of its own.
-  stdio: () => connect({ socket: childHome.dir + "/no.sock", pyvisor: BIN, env: childHome.env }),
-  http: () => connect({ backend: "http", url: daemon.url, token: TOKEN }),
-};
-
-for (const [name, open] of Object.entries(backends)) {
+for (const name of ["socket", "stdio", "http"]) {
   describe(`over ${name}`, () => {
     let client;
     before(async () => {
-      client = await open();
+      client = await shared.backends[name]();
       assert.equal(client.backend, name);
     });
     after(async () => client?.close());
@@ -97,7 +81,7 @@ for (const [name, open] of Object.entries(backends)) {
 }
 
 test("auto picks the daemon whose socket answers", async () => {
-  const client = await connect({ socket: daemon.socket, pyvisor: "/nonexistent/pyvisor" });
+  const client = await connect({ socket: shared.daemon.socket, pyvisor: "/nonexistent/pyvisor" });
   assert.equal(client.backend, "socket");
   await client.close();
 });
@@ -105,7 +89,7 @@ test("auto picks the daemon whose socket answers", async () => {
 test("nothing to reach, or a wrong token, is a typed error", async () => {
   await assert.rejects(connect({ backend: "socket", socket: "/nonexistent/pyvisor.sock" }), ConnectError);
   await assert.rejects(connect({ socket: "/nonexistent/pyvisor.sock", pyvisor: "/nonexistent/pyvisor" }), ConnectError);
-  const wrong = await connect({ backend: "http", url: daemon.url, token: "wrong" }).catch((err) => err);
+  const wrong = await connect({ backend: "http", url: shared.daemon.url, token: "wrong" }).catch((err) => err);
   const client = wrong instanceof Error ? undefined : wrong;
   const refused = client ? await client.createSession().catch((err) => err) : wrong;
   assert.ok(refused instanceof Unauthorized, String(refused));

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use pyvisor_actors::bridge::{llm_error, BridgeCall, LlmBridge, LlmFailure, SessionBridge};
 use serde::Serialize;
 
-use super::outbound::Outbound;
+use super::outbound::{Outbound, WeakOutbound};
 use super::peer::{PeerRefusal, PeerReply};
 use super::wire::notification::{BRIDGE_CANCEL, BRIDGE_LLM};
 use super::wire::{BridgeCancelParams, BridgeLlmAnswers, BridgeLlmParams};
@@ -44,23 +44,30 @@ impl ClientBridge {
         out.peer().is_open().then(|| {
             SessionBridge(Arc::new(Answerer {
                 shared: self.clone(),
-                out: out.clone(),
+                out: out.downgrade(),
             }))
         })
     }
 }
 
-/// Answers one execution's calls through its client.
+/// Answers one execution's calls through its client. It holds the connection weakly: an
+/// execution that outlives its connection must not keep the connection's writer open.
 struct Answerer {
     shared: Arc<ClientBridge>,
-    out: Outbound,
+    out: WeakOutbound,
 }
 
 impl LlmBridge for Answerer {
     fn call(&self, call: BridgeCall) -> BoxFuture<'static, Result<Vec<String>, LlmFailure>> {
-        let (shared, out) = (self.shared.clone(), self.out.clone());
-        Box::pin(ask(shared, out, call))
+        let Some(out) = self.out.upgrade() else {
+            return Box::pin(std::future::ready(Err(gone())));
+        };
+        Box::pin(ask(self.shared.clone(), out, call))
     }
+}
+
+fn gone() -> LlmFailure {
+    llm_error("the client connection that ran this code is gone")
 }
 
 /// Sends `call` to the client and waits for its answers.
@@ -70,7 +77,7 @@ async fn ask(
     call: BridgeCall,
 ) -> Result<Vec<String>, LlmFailure> {
     let (call_id, reply) = out.peer().start().map_err(|refusal| match refusal {
-        PeerRefusal::Closed => llm_error("the client connection that ran this code is gone"),
+        PeerRefusal::Closed => gone(),
         PeerRefusal::Full => llm_error("the client has too many calls waiting for its answer"),
     })?;
     // From here on, giving up (or being dropped) tells the client.
@@ -93,9 +100,7 @@ async fn ask(
     };
     if !out.send(request(&call_id, BRIDGE_LLM, &params)).await {
         pending.armed = false;
-        return Err(llm_error(
-            "the client connection that ran this code is gone",
-        ));
+        return Err(gone());
     }
     let started = Instant::now();
     let kind = call.kind.as_str();

@@ -31,6 +31,28 @@ pub struct Outbound {
     peer: Arc<PeerRequests>,
 }
 
+/// An [`Outbound`] that does not keep the connection's writer waiting for more: what outlives
+/// a request (the answerer of an execution's LLM calls) holds this.
+#[derive(Debug, Clone)]
+pub struct WeakOutbound {
+    tx: mpsc::WeakUnboundedSender<(String, OwnedSemaphorePermit)>,
+    room: Arc<Semaphore>,
+    max_units: u32,
+    peer: Arc<PeerRequests>,
+}
+
+impl WeakOutbound {
+    /// The queue, while the connection's own handles to it live.
+    pub fn upgrade(&self) -> Option<Outbound> {
+        Some(Outbound {
+            tx: self.tx.upgrade()?,
+            room: self.room.clone(),
+            max_units: self.max_units,
+            peer: self.peer.clone(),
+        })
+    }
+}
+
 /// The receiving side, drained by the connection's writer.
 #[derive(Debug)]
 pub struct OutboundQueue {
@@ -57,6 +79,16 @@ impl Outbound {
         let mut closed = Self::new(UNIT).0;
         closed.peer = Arc::new(PeerRequests::closed());
         closed
+    }
+
+    /// A handle that does not keep the queue open.
+    pub fn downgrade(&self) -> WeakOutbound {
+        WeakOutbound {
+            tx: self.tx.downgrade(),
+            room: self.room.clone(),
+            max_units: self.max_units,
+            peer: self.peer.clone(),
+        }
     }
 
     /// The server's requests to this connection's client.

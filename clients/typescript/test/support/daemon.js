@@ -6,6 +6,7 @@ import { spawn } from "node:child_process";
 import { mkdtempSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
+import { after, before } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import { connect } from "../../dist/index.js";
@@ -78,4 +79,27 @@ export async function startDaemon(llm = "") {
       place.remove();
     },
   };
+}
+
+/**
+ * For a test file: a daemon, and a home for the children of the stdio backend, started before
+ * its tests and removed after them; and a way to open a client over each backend.
+ */
+export function daemonForFile() {
+  const shared = {};
+  before(async () => {
+    shared.daemon = await startDaemon();
+    shared.childHome = home();
+  });
+  after(async () => {
+    await shared.daemon?.stop();
+    shared.childHome?.remove();
+  });
+  shared.backends = {
+    socket: () => connect({ backend: "socket", socket: shared.daemon.socket }),
+    // No daemon at this socket: auto falls back to a child of its own.
+    stdio: () => connect({ socket: shared.childHome.dir + "/no.sock", pyvisor: BIN, env: shared.childHome.env }),
+    http: () => connect({ backend: "http", url: shared.daemon.url, token: TOKEN }),
+  };
+  return shared;
 }

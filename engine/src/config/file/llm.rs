@@ -67,6 +67,15 @@ fn validate_rlm(rlm: &RlmConfig) -> Result<(), (&'static str, String)> {
     Ok(())
 }
 
+/// Checks a wait of `[llm]`: from a millisecond to an hour.
+fn wait_seconds(key: &'static str, seconds: f64) -> Result<(), (&'static str, String)> {
+    if (0.001..=3600.0).contains(&seconds) {
+        return Ok(());
+    }
+    let why = format!("must be from 0.001 to 3600 seconds, got {seconds}");
+    Err((key, why))
+}
+
 /// `[llm.models.<name>]` as read from TOML.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -100,15 +109,7 @@ impl Default for LlmSettings {
 impl LlmSettings {
     /// Checks the ranges that types do not.
     pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
-        if !(0.001..=3600.0).contains(&self.client_timeout_s) {
-            return Err((
-                "llm.client_timeout_s",
-                format!(
-                    "must be from 0.001 to 3600 seconds, got {}",
-                    self.client_timeout_s
-                ),
-            ));
-        }
+        wait_seconds("llm.client_timeout_s", self.client_timeout_s)?;
         if self.batch_window_ms > 10_000 {
             return Err((
                 "llm.batch_window_ms",
@@ -122,12 +123,7 @@ impl LlmSettings {
         if self.model.trim().is_empty() {
             return Err(("llm.model", "must be set when llm.base_url is".into()));
         }
-        if !(0.001..=3600.0).contains(&self.timeout_s) {
-            return Err((
-                "llm.timeout_s",
-                format!("must be from 0.001 to 3600 seconds, got {}", self.timeout_s),
-            ));
-        }
+        wait_seconds("llm.timeout_s", self.timeout_s)?;
         if self.max_retries > 10 {
             return Err((
                 "llm.max_retries",
