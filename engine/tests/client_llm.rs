@@ -65,6 +65,10 @@ async fn answer(conn: &mut Conn, call: &Value, result: Value) {
 async fn the_client_that_runs_the_code_answers_its_llm_calls() {
     let daemon = Daemon::start().await;
     let mut conn = daemon.connect().await;
+    for bad in [json!("Client"), json!(1), json!({"client": true})] {
+        let code = conn.error_code("session.create", json!({"llm": bad})).await;
+        assert_eq!(code, -32602, "llm: {bad}");
+    }
     let session = client_session(&mut conn).await;
 
     // Two threads ask at once: both calls reach the client before it answers either, and
