@@ -127,11 +127,6 @@ export class ChildTransport implements Transport {
     this.child.stdin!.end();
     return this.exited;
   }
-
-  /** The child's pid. */
-  get pid(): number | undefined {
-    return this.child.pid;
-  }
 }
 
 /** One session's WebSocket: JSON-RPC messages as text frames. */
