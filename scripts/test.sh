@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite from a fresh clone: creates the project's own virtual environment
 # (idempotently) with the Python packages the tests use, checks formatting and lints, runs
-# every Rust test against real Python workers, then the Python client's tests against a real
-# daemon. The test sessions' interpreter is the venv's: it comes first on PATH as `python3`.
+# every Rust test against real Python workers, then the Python and TypeScript clients' tests
+# against a real daemon. The test sessions' interpreter is the venv's: it comes first on PATH
+# as `python3`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,9 +43,16 @@ trap 'rm -f "$log"' EXIT
 cargo test --workspace --quiet 2>&1 | tee "$log"
 # The client's tests start the `pyvisor` binary that `cargo test` built.
 python3 -m pytest -q -p no:cacheprovider clients/python/tests 2>&1 | tee -a "$log"
+# The TypeScript client (Node 20): its locked dev dependencies, the type check and build, then
+# its node --test suites (with examples/rlm-node) against that same binary.
+(cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error \
+    && npx tsc -p . && npx tsc -p ../../examples/rlm-node && node --test test/*.test.js) 2>&1 | tee -a "$log"
 # cargo ends with the (empty) doc-test run of the last crate; close with the whole count.
-# pytest closes with "N failed, N passed in Ts" (each part only when not zero).
+# pytest closes with "N failed, N passed in Ts" (each part only when not zero); node --test
+# with "# pass N" and "# fail N".
 awk '/^test result:/ { passed += $4; failed += $6 }
+     /^# pass [0-9]+$/ { passed += $3 }
+     /^# fail [0-9]+$/ { failed += $3 }
      / in [0-9.]+s/ && !/^test result:/ {
          for (i = 2; i <= NF; i++) {
              word = $(i); gsub(/[,=]/, "", word)

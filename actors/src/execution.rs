@@ -30,6 +30,10 @@ pub struct ExecuteRequest {
     /// What the caller says about the code (approach, task, tags), remembered with its
     /// outcome.
     pub meta: Option<ExecutionMeta>,
+    /// Who answers the LLM calls this execution's code makes, in a session whose calls its
+    /// client answers ([`crate::supervisor::SessionOptions::llm_by_client`]): the connection
+    /// that sent it. Without one, such calls raise `LlmError`.
+    pub llm: Option<crate::bridge::SessionBridge>,
 }
 
 impl ExecuteRequest {
@@ -44,6 +48,7 @@ impl ExecuteRequest {
             transaction: Transaction::CommitAlways,
             cache: true,
             meta: None,
+            llm: None,
         }
     }
 
@@ -80,6 +85,13 @@ impl ExecuteRequest {
     /// Describes the code for the memory (docs/protocol.md `meta`).
     pub fn with_meta(mut self, meta: ExecutionMeta) -> Self {
         self.meta = Some(meta);
+        self
+    }
+
+    /// Has `answerer` answer the LLM calls of this execution's code, in a session whose
+    /// client answers them.
+    pub fn with_llm(mut self, answerer: crate::bridge::SessionBridge) -> Self {
+        self.llm = Some(answerer);
         self
     }
 

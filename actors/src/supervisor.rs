@@ -197,10 +197,12 @@ impl RegistryActor {
         let owner: Arc<str> = options.owner.as_deref().unwrap_or_default().into();
         let own_bridge = options.bridge.is_some();
         let bridge = match options.bridge {
-            Some(own) => Some(own.0),
+            Some(own) => Some(Some(own.0)),
+            // The client that starts each execution answers its calls.
+            None if options.llm_by_client => Some(None),
             None => (self.config.llm.as_ref())
                 .filter(|llm| options.llm.unwrap_or(llm.by_default))
-                .map(|llm| llm.bridge.clone()),
+                .map(|llm| Some(llm.bridge.clone())),
         };
         let llm = bridge.map(|bridge| LlmLink {
             bridge,
@@ -209,7 +211,10 @@ impl RegistryActor {
         if let (Some(state), Some(_), false) = (&state, &options.name, own_bridge) {
             // A later engine restoring this named session gives it the same bridge.
             let (store, key) = (state.store.clone(), state.key.clone());
-            let kept = StoredOptions { llm: llm.is_some() };
+            let kept = StoredOptions {
+                llm: llm.is_some(),
+                llm_by_client: llm.as_ref().is_some_and(|link| link.bridge.is_none()),
+            };
             tokio::task::spawn_blocking(move || {
                 if let Err(err) = store.save_options(&key, kept) {
                     tracing::warn!(session = %key, error = %err, "cannot keep a session's options");
@@ -407,7 +412,10 @@ impl Handler<CreateSession> for RegistryActor {
                 .map(move |(outcome, on_disk), act, ctx| {
                     let mut options = options;
                     if let Some(kept) = on_disk.filter(|_| options.bridge.is_none()) {
-                        options.llm = options.llm.or(Some(kept.llm));
+                        if options.llm.is_none() && !options.llm_by_client {
+                            options.llm = Some(kept.llm);
+                            options.llm_by_client = kept.llm_by_client;
+                        }
                     }
                     let on_disk = on_disk.is_some();
                     act.created_for(options.owner.as_deref());

@@ -71,6 +71,27 @@ pub struct EngineConfig {
     pub memory: MemoryConfig,
     /// The LLM endpoint that sessions' bridge calls and task loops use; none when `None`.
     pub llm: Option<LlmConfig>,
+    /// The bridge of sessions whose client answers their code's LLM calls (`llm: "client"`).
+    pub client_llm: ClientLlmConfig,
+}
+
+/// The client-answered bridge (`[llm] client_timeout_s`, `batch_window_ms`): needs no
+/// endpoint, so it works without `[llm] base_url`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClientLlmConfig {
+    /// Longest wait for the client's answer to one call; the call then raises `LlmError`.
+    pub timeout: Duration,
+    /// Calls that arrive within this window of the first are sent to clients together.
+    pub batch_window: Duration,
+}
+
+impl Default for ClientLlmConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(300),
+            batch_window: Duration::from_millis(10),
+        }
+    }
 }
 
 /// Worker confinement (docs/security.md): each worker's own uid, Landlock, seccomp, network.
@@ -351,6 +372,7 @@ impl Default for EngineConfig {
             sandbox: SandboxConfig::default(),
             memory: MemoryConfig::default(),
             llm: None,
+            client_llm: ClientLlmConfig::default(),
         }
     }
 }

@@ -33,7 +33,9 @@ use pyvisor_actors::worker::{
 use pyvisor_actors::ProcessLimits;
 use tokio::sync::oneshot;
 
-use crate::config::{EngineConfig, MemoryConfig, RlmConfig, SandboxLayer, StateConfig};
+use crate::config::{
+    ClientLlmConfig, EngineConfig, MemoryConfig, RlmConfig, SandboxLayer, StateConfig,
+};
 use crate::errors::EngineError;
 use crate::llm::{Dispatcher, LlmClient, LlmCounters, LlmStats, OpenAiClient};
 use crate::memory::{RemoteEmbedder, RemoteEmbedderError};
@@ -75,6 +77,9 @@ struct EngineInner {
     memory: Option<Arc<Memory>>,
     /// The LLM bridge and its totals, with `[llm]`.
     llm: Option<(Dispatcher, Arc<LlmCounters>, bool, RlmConfig)>,
+    /// The client-answered bridge's settings, and the totals its calls count in (the
+    /// engine bridge's, with `[llm]`).
+    client_llm: (ClientLlmConfig, Arc<LlmCounters>),
     /// The task loops that run, for `task.cancel`.
     tasks: crate::task::Tasks,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
@@ -105,6 +110,8 @@ impl Engine {
                 "an LLM client needs the [llm] settings it works under".into(),
             ));
         }
+        let totals = Arc::new(LlmCounters::default());
+        let client_llm = (config.client_llm, totals.clone());
         let llm = match &config.llm {
             Some(llm_config) => {
                 let client: Arc<dyn LlmClient> = match client {
@@ -114,7 +121,6 @@ impl Engine {
                             .map_err(|err| EngineError::Start(err.to_string()))?,
                     ),
                 };
-                let totals = Arc::new(LlmCounters::default());
                 let dispatcher = Dispatcher::start(client, llm_config, totals.clone())
                     .map_err(|e| EngineError::Start(format!("start the LLM thread: {e}")))?;
                 Some((dispatcher, totals, llm_config.sessions, llm_config.rlm))
@@ -141,6 +147,7 @@ impl Engine {
                     proactive,
                     memory,
                     llm,
+                    client_llm,
                     tasks: Default::default(),
                     shutdown: Mutex::new(Some(shutdown_tx)),
                     thread: Mutex::new(Some(thread)),
@@ -214,8 +221,15 @@ impl Engine {
             crashes: self.inner.counters.crashes(),
             restores: self.inner.counters.restores(),
             proactive: self.inner.proactive.stats(),
-            llm: (self.inner.llm.as_ref()).map(|(_, totals, _, _)| totals.snapshot()),
+            llm: Some(self.inner.client_llm.1.snapshot())
+                .filter(|totals| self.inner.llm.is_some() || totals.calls > 0),
         })
+    }
+
+    /// The client-answered bridge's settings and the totals its calls count in.
+    #[cfg(feature = "server")]
+    pub(crate) fn client_llm(&self) -> (ClientLlmConfig, Arc<LlmCounters>) {
+        self.inner.client_llm.clone()
     }
 
     /// The LLM client and the totals its calls count in, with `[llm]`.

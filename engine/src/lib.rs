@@ -88,8 +88,8 @@ mod state_lock;
 pub mod task;
 
 pub use config::{
-    EngineConfig, LlmConfig, MemoryConfig, Price, ProactiveConfig, RemoteEmbedderConfig, RlmConfig,
-    SandboxConfig, SandboxLayer, StateConfig,
+    ClientLlmConfig, EngineConfig, LlmConfig, MemoryConfig, Price, ProactiveConfig,
+    RemoteEmbedderConfig, RlmConfig, SandboxConfig, SandboxLayer, StateConfig,
 };
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;

@@ -10,9 +10,11 @@ mod client;
 mod dispatch;
 mod openai;
 mod stats;
+mod window;
 
 pub use client::{ChatMessage, ChatRequest, Completion, LlmClient, LlmError, Usage};
 pub(crate) use dispatch::{texts, Dispatcher};
 pub use openai::OpenAiClient;
 pub use stats::LlmStats;
 pub(crate) use stats::{describe, LlmCounters};
+pub(crate) use window::BatchWindow;

@@ -4,6 +4,8 @@
 #[cfg(feature = "server")]
 mod caller;
 #[cfg(feature = "server")]
+mod client_llm;
+#[cfg(feature = "server")]
 mod dispatch;
 pub mod errors;
 pub mod framing;
@@ -17,6 +19,8 @@ mod message;
 mod outbound;
 #[cfg(feature = "server")]
 mod params;
+#[cfg(feature = "server")]
+mod peer;
 pub mod strict_json;
 pub mod task;
 pub mod wire;

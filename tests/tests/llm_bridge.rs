@@ -2,8 +2,9 @@
 //! real HTTP server on loopback speaking the OpenAI chat completions API. Only sessions that
 //! opt in get the functions; batched prompts go out concurrently within one window; an
 //! interrupt or a timeout of the execution ends a pending call; the key never reaches the
-//! session; session code cannot pick a model outside the config; and a flood from one session
-//! is bounded and leaves the others served.
+//! session; session code cannot pick a model outside the config; a flood from one session
+//! is bounded and leaves the others served; and a session whose client answers asks the
+//! answerer of each execution, also once restored by a later engine.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -370,4 +371,82 @@ async fn a_named_session_restored_from_disk_keeps_its_bridge() {
         value(&plain, "'llm_query' in dir(__builtins__)").await,
         "False"
     );
+}
+
+/// What an embedder's client answers: every prompt echoed, with who answered.
+struct Echo(&'static str);
+
+impl pyvisor_actors::bridge::LlmBridge for Echo {
+    fn call(
+        &self,
+        call: pyvisor_actors::bridge::BridgeCall,
+    ) -> futures::future::BoxFuture<'static, Result<Vec<String>, pyvisor_actors::bridge::LlmFailure>>
+    {
+        let answers = (call.prompts.iter())
+            .map(|prompt| format!("{}: {prompt}", self.0))
+            .collect();
+        Box::pin(std::future::ready(Ok(answers)))
+    }
+}
+
+fn answered_by(who: &'static str, code: &str) -> ExecuteRequest {
+    let answerer = pyvisor_actors::bridge::SessionBridge(Arc::new(Echo(who)));
+    ExecuteRequest::new(code).with_llm(answerer)
+}
+
+#[tokio::test]
+async fn a_session_whose_client_answers_asks_the_one_that_runs_each_execution_even_after_a_restore()
+{
+    let dir = pyvisor_tests::state_dir();
+    // No [llm]: the client-answered bridge needs no endpoint.
+    let engine_in = |dir: std::path::PathBuf| {
+        let mut config = EngineConfig::default();
+        config.pool.min_idle = 1;
+        config.state = pyvisor::StateConfig {
+            dir: Some(dir),
+            ..pyvisor_tests::manual_checkpoints()
+        };
+        engine_with(config)
+    };
+    let first = engine_in(dir.clone()).await;
+    let options = SessionOptions {
+        name: Some("agent".into()),
+        llm_by_client: true,
+        ..SessionOptions::default()
+    };
+    let session = first.create_session(options).await.unwrap();
+    let ran = session
+        .run(answered_by("first", "llm_query('a')"))
+        .await
+        .unwrap();
+    assert_eq!(ran.result.unwrap().repr, "'first: a'");
+    let ran = session
+        .run(answered_by("second", "llm_query('b')"))
+        .await
+        .unwrap();
+    assert_eq!(
+        ran.result.unwrap().repr,
+        "'second: b'",
+        "each execution its own client"
+    );
+    // An execution nobody answers for: LlmError at once, and the session goes on.
+    let refused = value(
+        &session,
+        "try:\n    llm_query('c')\nexcept LlmError as e:\n    r = str(e)\nr",
+    )
+    .await;
+    assert!(refused.contains("no client to answer"), "{refused}");
+    within(first.shutdown(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    drop(first);
+
+    let second = engine_in(dir).await;
+    let back = second.session("agent", None).await.unwrap();
+    assert!(back.restored());
+    let ran = back
+        .run(answered_by("later", "llm_query('d')"))
+        .await
+        .unwrap();
+    assert_eq!(ran.result.unwrap().repr, "'later: d'");
 }

@@ -1,5 +1,6 @@
-//! The LLM calls of a session's code: each [`WorkerMessage::LlmCall`] goes to the engine's
-//! [`LlmBridge`] on a future of the actor, and its answer back to the worker as an
+//! The LLM calls of a session's code: each [`WorkerMessage::LlmCall`] goes to the session's
+//! [`LlmBridge`] (the engine's, a task's, or, in a session whose client answers its calls,
+//! the one the running execution's request carries) on a future of the actor, and its answer back to the worker as an
 //! `llm_reply`. A call lives only as long as the execution that made it: when the execution
 //! ends (finished, interrupted, timed out, crashed) the calls still pending are cancelled,
 //! which drops their requests, and the threads that wait for them get an `LlmError`.
@@ -18,7 +19,9 @@ use crate::bridge::{llm_error, BridgeCall, LlmBridge};
 /// A session's tie to the engine's LLM bridge.
 #[derive(Clone)]
 pub struct LlmLink {
-    pub bridge: Arc<dyn LlmBridge>,
+    /// What answers the calls; `None`: the client that started the running execution, through
+    /// the answerer its request carries.
+    pub bridge: Option<Arc<dyn LlmBridge>>,
     /// The session's owner (`""` for sessions without one).
     pub owner: Arc<str>,
 }
@@ -47,17 +50,29 @@ impl SessionActor {
             let refusal = "this session has no LLM bridge (create it with llm: true)";
             return self.llm_reply(call, Err(llm_error(refusal)));
         };
-        let running = matches!(&self.state, State::Busy(running)
-            if running.ticket.execution_id == frame.execution_id);
-        if !running {
+        let State::Busy(running) = &self.state else {
+            let refusal = "no execution of this session is running";
+            return self.llm_reply(call, Err(llm_error(refusal)));
+        };
+        if running.ticket.execution_id != frame.execution_id {
             let refusal = "no execution of this session is running";
             return self.llm_reply(call, Err(llm_error(refusal)));
         }
+        let bridge = match (link.bridge, &running.request.llm) {
+            (Some(bridge), _) => bridge,
+            (None, Some(answerer)) => answerer.0.clone(),
+            (None, None) => {
+                let refusal = "this session's LLM calls are answered by its client, and the \
+                               request that started this execution has no client to answer \
+                               them (run it over the socket, stdio or a WebSocket)";
+                return self.llm_reply(call, Err(llm_error(refusal)));
+            }
+        };
         if self.llm_calls.pending.contains_key(&call) {
             return self.kill_worker(format!("a second LLM call numbered {call}"));
         }
         let generation = self.generation;
-        let future = link.bridge.call(BridgeCall {
+        let future = bridge.call(BridgeCall {
             session_id: self.session_id.as_str().into(),
             owner: link.owner.clone(),
             execution_id: frame.execution_id,

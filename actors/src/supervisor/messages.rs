@@ -131,6 +131,9 @@ pub struct SessionOptions {
     /// A bridge of this session's own, which answers its code's LLM calls in place of the
     /// engine's (the session gets the functions whatever `llm` says).
     pub bridge: Option<crate::bridge::SessionBridge>,
+    /// The session's code gets `llm_query` and its kin, answered by the client that started
+    /// the running execution ([`crate::ExecuteRequest::llm`]) instead of by the engine.
+    pub llm_by_client: bool,
 }
 
 /// A Python interpreter other than the engine's, with the worker package it runs.

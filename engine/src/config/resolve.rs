@@ -160,6 +160,7 @@ impl Settings {
             sandbox: self.sandbox.config(),
             memory: self.memory.config(),
             llm: self.llm.config(),
+            client_llm: self.llm.client_config(),
             ..defaults
         }
     }

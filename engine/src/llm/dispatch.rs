@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use futures::future::{join_all, BoxFuture};
 use pyvisor_actors::bridge::{llm_error, BridgeCall, LlmBridge, LlmCallKind, LlmFailure};
@@ -21,6 +20,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::client::{ChatMessage, ChatRequest, Completion, LlmClient, LlmError};
 use super::stats::LlmCounters;
+use super::window::BatchWindow;
 use crate::config::LlmConfig;
 
 /// The engine's bridge; cheap to clone.
@@ -41,9 +41,7 @@ struct Job {
 
 struct Shared {
     client: Arc<dyn LlmClient>,
-    window: Duration,
-    /// When the open batch window closes.
-    window_ends: Mutex<Option<Instant>>,
+    window: BatchWindow,
     engine_permits: Arc<Semaphore>,
     session_concurrency: usize,
     max_pending: usize,
@@ -67,8 +65,7 @@ impl Dispatcher {
     ) -> std::io::Result<Dispatcher> {
         let shared = Arc::new(Shared {
             client,
-            window: config.batch_window,
-            window_ends: Mutex::new(None),
+            window: BatchWindow::new(config.batch_window),
             engine_permits: Arc::new(Semaphore::new(config.max_concurrency)),
             session_concurrency: config.session_concurrency,
             max_pending: config.max_pending,
@@ -189,17 +186,7 @@ impl Shared {
 
     /// Waits for the batch window, then sends every prompt under the permits.
     async fn send_all(&self, call: &BridgeCall, gate: &SessionGate, kind: &'static str) -> Answers {
-        if !self.window.is_zero() {
-            let now = Instant::now();
-            let ends = {
-                let mut open = self.window_ends.lock().unwrap_or_else(|e| e.into_inner());
-                match *open {
-                    Some(ends) if ends > now => ends,
-                    _ => *open.insert(now + self.window),
-                }
-            };
-            tokio::time::sleep_until(ends.into()).await;
-        }
+        self.window.wait().await;
         let requests = call.prompts.iter().map(|prompt| async {
             let _session = gate.permits.acquire().await.expect("never closed");
             let _engine = self.engine_permits.acquire().await.expect("never closed");

@@ -20,6 +20,7 @@ mod report;
 use handles::SessionHandles;
 
 use super::caller::Caller;
+use super::client_llm::ClientBridge;
 use super::errors::RpcError;
 use super::limits::LimitPolicy;
 use super::memory;
@@ -39,12 +40,16 @@ pub struct Dispatcher {
     stopping: AtomicBool,
     /// Sessions looked up before.
     sessions: SessionHandles,
+    /// Answers the LLM calls of sessions whose client answers them.
+    client_llm: Arc<ClientBridge>,
 }
 
 impl Dispatcher {
     /// A dispatcher over `engine`, whose sessions get their limits from `limits`.
     pub fn new(engine: Engine, limits: impl Into<LimitPolicy>) -> Arc<Self> {
+        let (config, counters) = engine.client_llm();
         Arc::new(Self {
+            client_llm: ClientBridge::new(config, counters),
             engine,
             limits: RwLock::new(limits.into()),
             started: Instant::now(),

@@ -1,5 +1,7 @@
 //! One incoming JSON-RPC 2.0 message — a request, a notification or a batch — turned into
-//! the text of its response (none for notifications), whatever the transport.
+//! the text of its response (none for notifications), whatever the transport. A response
+//! of the client to one of the server's requests (`bridge.llm`) goes to that request, and
+//! is itself answered by nothing.
 
 use futures::future::join_all;
 use serde::Serialize;
@@ -46,8 +48,8 @@ pub async fn respond(
 enum Message {
     /// Not JSON, or an empty batch: one error response with a null id.
     Invalid(RpcError),
-    Single(Result<Request, RpcError>),
-    Batch(Vec<Result<Request, RpcError>>),
+    Single(Result<Incoming, RpcError>),
+    Batch(Vec<Result<Incoming, RpcError>>),
 }
 
 /// Parses one message; never fails, whatever the bytes: what is wrong becomes the error
@@ -111,11 +113,17 @@ struct Request {
 async fn respond_one(
     dispatcher: &Dispatcher,
     caller: &Caller,
-    request: Result<Request, RpcError>,
+    request: Result<Incoming, RpcError>,
     out: &Outbound,
 ) -> Option<Reply> {
     let request = match request {
-        Ok(request) => request,
+        Ok(Incoming::Call(request)) => request,
+        Ok(Incoming::Response { id, reply }) => {
+            if !out.peer().answer(&id, reply) {
+                tracing::debug!(%id, "a response to no request of this connection");
+            }
+            return None;
+        }
         Err(error) => {
             return Some(Reply {
                 jsonrpc: "2.0",
@@ -150,12 +158,26 @@ async fn respond_one(
     })
 }
 
-/// Checks the envelope of one request object.
-fn validate(request: Checked) -> Result<Request, RpcError> {
+/// One object of a message: a call of a method, or the client's response to a request of
+/// the server.
+#[derive(Debug)]
+enum Incoming {
+    Call(Request),
+    Response {
+        id: Value,
+        reply: Result<Value, RpcError>,
+    },
+}
+
+/// Checks the envelope of one request (or response) object.
+fn validate(request: Checked) -> Result<Incoming, RpcError> {
     let request_duplicate = request.duplicate;
     let Value::Object(mut request) = request.value else {
         return Err(RpcError::invalid_request("expected a request object"));
     };
+    if let Some(response) = as_response(&mut request) {
+        return Ok(response);
+    }
     // A duplicate inside params is the params' fault, answered with the request's id.
     let params_error = match request_duplicate.as_deref() {
         None => None,
@@ -190,12 +212,33 @@ fn validate(request: Checked) -> Result<Request, RpcError> {
             ))
         }
     };
-    Ok(Request {
+    Ok(Incoming::Call(Request {
         id,
         method,
         params,
         params_error,
-    })
+    }))
+}
+
+/// A response object (`jsonrpc`, `id`, and `result` or an `error` object; no `method`), as
+/// the client answers a request of the server.
+fn as_response(object: &mut serde_json::Map<String, Value>) -> Option<Incoming> {
+    let is_response = object.get("jsonrpc").and_then(Value::as_str) == Some("2.0")
+        && !object.contains_key("method")
+        && object.contains_key("id")
+        && (object.contains_key("result") != object.contains_key("error"));
+    if !is_response {
+        return None;
+    }
+    let id = object.remove("id").unwrap_or_default();
+    let reply = match (object.remove("result"), object.remove("error")) {
+        (Some(result), _) => Ok(result),
+        (None, Some(error)) => Err(serde_json::from_value(error).unwrap_or_else(|_| {
+            RpcError::invalid_request("the client's error is not an error object")
+        })),
+        (None, None) => return None,
+    };
+    Some(Incoming::Response { id, reply })
 }
 
 #[cfg(test)]
@@ -206,8 +249,31 @@ mod tests {
 
     fn single(text: &str) -> Result<Request, RpcError> {
         match parse(text.as_bytes()) {
-            Message::Single(request) => request,
+            Message::Single(Ok(Incoming::Call(request))) => Ok(request),
+            Message::Single(Err(error)) => Err(error),
             other => panic!("expected a single request, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_response_of_the_client_is_told_from_a_request() {
+        let text = r#"{"jsonrpc":"2.0","id":"b1","result":{"answers":["x"]}}"#;
+        let Message::Single(Ok(Incoming::Response { id, reply })) = parse(text.as_bytes()) else {
+            panic!("a response");
+        };
+        assert_eq!(id, Value::from("b1"));
+        assert_eq!(reply.unwrap()["answers"][0], "x");
+        let text = r#"{"jsonrpc":"2.0","id":"b2","error":{"code":1,"message":"no"}}"#;
+        let Message::Single(Ok(Incoming::Response { reply, .. })) = parse(text.as_bytes()) else {
+            panic!("a response");
+        };
+        assert_eq!(reply.unwrap_err().message, "no");
+        // Both result and error, or neither: not a response, and not a request either.
+        for text in [
+            r#"{"jsonrpc":"2.0","id":"b3","result":1,"error":{"code":1,"message":"no"}}"#,
+            r#"{"jsonrpc":"2.0","id":"b3"}"#,
+        ] {
+            assert!(single(text).is_err(), "{text}");
         }
     }
 
@@ -288,6 +354,7 @@ mod tests {
                         Just("id".to_owned()),
                         Just("method".to_owned()),
                         Just("params".to_owned()),
+                        Just("result".to_owned()),
                         "[a-z]{1,6}"
                     ],
                     inner,
@@ -317,14 +384,19 @@ mod tests {
         #[test]
         fn envelopes_are_judged_by_the_spec(value in json_value()) {
             let text = serde_json::to_vec(&value).expect("a Value encodes");
-            let judged: Vec<(Value, Result<Request, RpcError>)> = match (parse(&text), &value) {
+            let judged: Vec<(Value, Result<Incoming, RpcError>)> = match (parse(&text), &value) {
                 (Message::Single(request), _) => vec![(value.clone(), request)],
                 (Message::Batch(batch), Value::Array(items)) => items.iter().cloned().zip(batch).collect(),
                 (Message::Invalid(_), Value::Array(items)) => { prop_assert!(items.is_empty()); vec![] }
                 (other, _) => { prop_assert!(false, "unexpected {:?}", other); vec![] }
             };
             for (value, request) in judged {
-                let well_formed = value.get("jsonrpc") == Some(&Value::from("2.0"))
+                let is_response = value.get("jsonrpc") == Some(&Value::from("2.0"))
+                    && value.get("method").is_none()
+                    && value.get("id").is_some()
+                    && (value.get("result").is_some() != value.get("error").is_some());
+                prop_assert_eq!(matches!(request, Ok(Incoming::Response { .. })), is_response, "{}", value);
+                let well_formed = is_response || value.get("jsonrpc") == Some(&Value::from("2.0"))
                     && value.get("method").is_some_and(Value::is_string)
                     && value.get("id").is_none_or(|id| id.is_string() || id.is_number() || id.is_null())
                     && value.get("params").is_none_or(|p| p.is_object() || p.is_array());

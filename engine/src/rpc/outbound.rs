@@ -1,5 +1,6 @@
-//! [`Outbound`]: the queue of one connection's outgoing messages (responses and
-//! notifications, each one JSON text), drained in order by the connection's writer.
+//! [`Outbound`]: the queue of one connection's outgoing messages (responses, notifications
+//! and the server's own requests, each one JSON text), drained in order by the connection's
+//! writer; it carries the connection's [`PeerRequests`], which route the client's responses.
 //!
 //! The queue is bounded by bytes, not messages: one answer may carry 10 MiB of output, so a
 //! client that stops reading could otherwise pin gigabytes. A sender waits while the queue
@@ -9,6 +10,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use super::peer::PeerRequests;
 
 /// Bytes of unwritten messages one connection may hold before its senders wait.
 pub const OUTBOUND_CAPACITY: usize = 32 * 1024 * 1024;
@@ -24,6 +27,30 @@ pub struct Outbound {
     /// The most permits one message takes: a message larger than the queue still passes,
     /// alone.
     max_units: u32,
+    /// The server's requests to this connection's client that wait for its response.
+    peer: Arc<PeerRequests>,
+}
+
+/// An [`Outbound`] that does not keep the connection's writer waiting for more: what outlives
+/// a request (the answerer of an execution's LLM calls) holds this.
+#[derive(Debug, Clone)]
+pub struct WeakOutbound {
+    tx: mpsc::WeakUnboundedSender<(String, OwnedSemaphorePermit)>,
+    room: Arc<Semaphore>,
+    max_units: u32,
+    peer: Arc<PeerRequests>,
+}
+
+impl WeakOutbound {
+    /// The queue, while the connection's own handles to it live.
+    pub fn upgrade(&self) -> Option<Outbound> {
+        Some(Outbound {
+            tx: self.tx.upgrade()?,
+            room: self.room.clone(),
+            max_units: self.max_units,
+            peer: self.peer.clone(),
+        })
+    }
 }
 
 /// The receiving side, drained by the connection's writer.
@@ -41,13 +68,42 @@ impl Outbound {
             tx,
             room: Arc::new(Semaphore::new(units)),
             max_units: units as u32,
+            peer: Arc::new(PeerRequests::open()),
         };
         (outbound, OutboundQueue { rx })
     }
 
-    /// A queue nobody reads: messages sent to it are dropped (plain HTTP requests).
+    /// A queue nobody reads: messages sent to it are dropped (plain HTTP requests), and no
+    /// request can be made of its client.
     pub fn closed() -> Self {
-        Self::new(UNIT).0
+        let mut closed = Self::new(UNIT).0;
+        closed.peer = Arc::new(PeerRequests::closed());
+        closed
+    }
+
+    /// A handle that does not keep the queue open.
+    pub fn downgrade(&self) -> WeakOutbound {
+        WeakOutbound {
+            tx: self.tx.downgrade(),
+            room: self.room.clone(),
+            max_units: self.max_units,
+            peer: self.peer.clone(),
+        }
+    }
+
+    /// The server's requests to this connection's client.
+    pub fn peer(&self) -> &PeerRequests {
+        &self.peer
+    }
+
+    /// Queues one message if there is room now, without waiting. False when there is none
+    /// or the connection is gone.
+    pub fn try_send(&self, message: String) -> bool {
+        let units = (message.len() / UNIT + 1).min(self.max_units as usize) as u32;
+        match self.room.clone().try_acquire_many_owned(units) {
+            Ok(permit) => self.tx.send((message, permit)).is_ok(),
+            Err(_) => false,
+        }
     }
 
     /// Queues one message; waits while the queue is full. False when the connection is gone.

@@ -36,10 +36,97 @@ pub struct CreateParams {
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<bool>,
-    /// Give the session's code `llm_query` and its kin; the engine's `[llm] sessions` when
-    /// absent.
+    /// Give the session's code `llm_query` and its kin (`true`: answered by the engine's
+    /// `[llm]`, `"client"`: by the client that runs each execution); the engine's
+    /// `[llm] sessions` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub llm: Option<bool>,
+    pub llm: Option<LlmChoice>,
+}
+
+/// `session.create`'s `llm`: `true`, `false`, or `"client"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LlmChoice {
+    /// `true` or `false`: the engine's bridge, or none.
+    Engine(bool),
+    /// `"client"`: the client connection that started the running execution answers.
+    Client,
+}
+
+impl Serialize for LlmChoice {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            LlmChoice::Engine(on) => serializer.serialize_bool(*on),
+            LlmChoice::Client => serializer.serialize_str("client"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LlmChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Choice;
+        impl serde::de::Visitor<'_> for Choice {
+            type Value = LlmChoice;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false or \"client\"")
+            }
+            fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<LlmChoice, E> {
+                Ok(LlmChoice::Engine(on))
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<LlmChoice, E> {
+                match text {
+                    "client" => Ok(LlmChoice::Client),
+                    other => Err(E::invalid_value(serde::de::Unexpected::Str(other), &self)),
+                }
+            }
+        }
+        deserializer.deserialize_any(Choice)
+    }
+}
+
+/// `bridge.llm` params: a call of session code that the client answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BridgeLlmParams {
+    pub session_id: String,
+    pub execution_id: String,
+    /// Also the request's JSON-RPC id, and what `bridge.cancel` names.
+    pub call_id: String,
+    pub kind: pyvisor_protocol::LlmCallKind,
+    pub prompts: Vec<String>,
+    /// Nesting of the session's loop: 0 for a session a client created.
+    pub depth: u32,
+    /// The model name the code asked for, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The `ctx` of an `rlm_query`, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<serde_json::Value>,
+}
+
+/// The client's result of `bridge.llm`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeLlmAnswers {
+    /// One answer per prompt, in order.
+    pub answers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<BridgeUsage>,
+}
+
+/// What the client says its answers used, for the engine's accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Dollars; 0 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+}
+
+/// `bridge.cancel` params: the client may stop working on `call_id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BridgeCancelParams {
+    pub call_id: String,
 }
 
 /// Per-session limits of `session.create`; absent ones keep the engine's defaults.
@@ -447,6 +534,9 @@ pub mod notification {
     pub const OUTPUT: &str = "session.output";
     pub const INPUT_REQUEST: &str = "session.input_request";
     pub const DISPLAY: &str = "session.display";
+    /// A request from the server: a bridge call the client answers.
+    pub const BRIDGE_LLM: &str = "bridge.llm";
+    pub const BRIDGE_CANCEL: &str = "bridge.cancel";
 }
 
 /// Seconds since the Unix epoch, for `created_at` fields.

@@ -50,6 +50,7 @@ pub async fn serve_connection<R, W>(
             // The writer ends only when the peer is gone or stalled: stop reading too. The
             // requests still running finish on their own; their answers have nowhere to go.
             _ = &mut writer => {
+                out.peer().hang_up();
                 requests.detach_all();
                 return;
             }
@@ -79,7 +80,9 @@ pub async fn serve_connection<R, W>(
             drop(permit);
         });
     }
-    // The peer may have closed only its writing side: answer what it asked.
+    // Nothing more will come from the peer: what waits for its answer fails. It may have
+    // closed only its writing side: answer what it asked.
+    out.peer().hang_up();
     while requests.join_next().await.is_some() {}
     drop(out);
     let _ = writer.await;

@@ -1,7 +1,7 @@
 //! What a session was created with that bringing it back from disk must keep: a small JSON
 //! file, `options.json`, beside its checkpoints. A named session restored by a later engine
 //! (on its first use, or created again without saying) gets these options back; today that is
-//! whether its code has the LLM bridge.
+//! whether its code has the LLM bridge, and who answers it.
 
 use std::fs;
 use std::io::{self, Write};
@@ -20,6 +20,8 @@ const OPTIONS_FILE: &str = "options.json";
 pub struct StoredOptions {
     /// Whether its code has `llm_query` and its kin.
     pub llm: bool,
+    /// Whether its client answers those calls (`llm: "client"`).
+    pub llm_by_client: bool,
 }
 
 impl CheckpointStore {

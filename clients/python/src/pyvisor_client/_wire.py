@@ -84,17 +84,22 @@ def execute_params(session_id, code, timeout, stream, options):
 
 
 class Callbacks:
-    """What the caller of one execution wants done with its streamed notifications."""
+    """What the caller of one execution wants done with its streamed notifications, and
+    who answers its code's LLM calls (``on_llm``, in a session created with
+    ``llm="client"``)."""
 
-    def __init__(self, on_stdout=None, on_stderr=None, on_display=None, on_input=None):
+    def __init__(self, on_stdout=None, on_stderr=None, on_display=None, on_input=None,
+                 on_llm=None):
         self.on_output = {"stdout": on_stdout, "stderr": on_stderr}
         self.on_display = on_display
         self.on_input = on_input
+        self.on_llm = on_llm
 
     @property
     def streaming(self):
         """Whether any callback is set, so the execution must stream."""
-        return any(self.on_output.values()) or self.on_display or self.on_input
+        return (any(self.on_output.values()) or self.on_display or self.on_input
+                or self.on_llm)
 
     def call(self, message):
         """Calls the callback of a notification; what it returned (an awaitable from a
@@ -152,8 +157,9 @@ class Routes:
         self.closed = None  # why the connection ended, once it has
 
     def target(self, message):
-        """What waits for `message`, or None (a late answer, an unrouted notification)."""
-        if message.id is not None:
+        """What waits for `message`, or None (a late answer, an unrouted notification or
+        request of the daemon)."""
+        if message.id is not None and message.method is None:
             return self.pending.pop(message.id, None)
         return self.streams.get(message.params.get("session_id"))
 
@@ -163,6 +169,34 @@ class Routes:
         waiting = list(self.pending.values()) + list(self.streams.values())
         self.pending.clear()
         return waiting
+
+
+def is_llm_call(message):
+    """Whether `message` is the daemon's ``bridge.llm`` request, which the client answers."""
+    return message.method == "bridge.llm" and message.id is not None
+
+
+def llm_reply(message, answered=None, failure=None):
+    """The line that answers the ``bridge.llm`` `message`: with what on_llm `answered` (a
+    string, a list of strings, or a dict ``{answers, usage}``), or with `failure` (an
+    exception or a reason), which raises LlmError in the session's code."""
+    if failure is None and isinstance(answered, str):
+        answered = {"answers": [answered]}
+    elif failure is None and isinstance(answered, (list, tuple)):
+        answered = {"answers": list(answered)}
+    elif failure is None and not isinstance(answered, dict):
+        failure = "on_llm returned %s, not answers" % type(answered).__name__
+    reply = {"jsonrpc": "2.0", "id": message.id}
+    if failure is None:
+        reply["result"] = answered
+    else:
+        reply["error"] = {"code": -32000, "message": str(failure) or type(failure).__name__}
+    return json.dumps(reply, ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def no_llm_reply(message):
+    """The answer to a ``bridge.llm`` that no running ``run(on_llm=...)`` of this client takes."""
+    return llm_reply(message, failure="the client that ran this code has no on_llm")
 
 
 def answer(message, request_id):

@@ -27,9 +27,10 @@ class AsyncSession(_wire.SessionBase):
             pass  # closed already, or the daemon went away: nothing is left to close
 
     async def run(self, code, timeout=None, on_stdout=None, on_stderr=None, on_display=None,
-                  on_input=None, **options):
-        """As ``Session.run``; callbacks may be coroutine functions."""
-        callbacks = _wire.Callbacks(on_stdout, on_stderr, on_display, on_input)
+                  on_input=None, on_llm=None, **options):
+        """As ``Session.run``; callbacks may be coroutine functions (``on_llm`` calls run
+        as tasks of their own)."""
+        callbacks = _wire.Callbacks(on_stdout, on_stderr, on_display, on_input, on_llm)
         params = _wire.execute_params(self.session_id, code, timeout, callbacks.streaming,
                                       options)
         if callbacks.streaming:
@@ -77,6 +78,7 @@ class AsyncClient:
         self._requests = _wire.Requests()
         self._routes = _wire.Routes()  # of futures (responses) and queues (streams)
         self._stream_locks = {}  # session id -> lock held by its streaming execution
+        self._answering = set()  # the on_llm tasks still running
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
@@ -112,10 +114,10 @@ class AsyncClient:
         return _wire.answer(await answer, request_id)
 
     async def create_session(self, name=None, owner=None, python=None, cwd=None, env=None,
-                             limits=None, proactive=None, network=None):
+                             limits=None, proactive=None, network=None, llm=None):
         created = await self.call("session.create", _wire.drop_none(
             name=name, owner=owner, python=python, cwd=cwd, env=env, limits=limits,
-            proactive=proactive, network=network))
+            proactive=proactive, network=network, llm=llm))
         return AsyncSession(self, created["session_id"], created)
 
     async def session(self, key):
@@ -154,8 +156,12 @@ class AsyncClient:
                 request_id = await self._send("session.execute", params, messages)
                 while True:
                     message = await messages.get()
-                    if message is _wire.CLOSED or message.id == request_id:
+                    if message is _wire.CLOSED or (message.id == request_id
+                                                   and message.method is None):
                         return _wire.answer(message, request_id)
+                    if _wire.is_llm_call(message):
+                        self._answer_llm(message, callbacks.on_llm)
+                        continue
                     answer = callbacks.call(message)
                     if inspect.isawaitable(answer):
                         answer = await answer
@@ -165,6 +171,29 @@ class AsyncClient:
             finally:
                 self._routes.streams.pop(session_id, None)
 
+    def _answer_llm(self, message, on_llm):
+        """Answers a ``bridge.llm`` with `on_llm`, on a task of its own."""
+        async def answer():
+            try:
+                answered = on_llm(message.params)
+                if inspect.isawaitable(answered):
+                    answered = await answered
+                line = _wire.llm_reply(message, answered)
+            except Exception as err:  # the code gets LlmError with the reason
+                line = _wire.llm_reply(message, failure=err)
+            self._write(line)
+
+        if on_llm is None:
+            return self._write(_wire.no_llm_reply(message))
+        task = asyncio.get_running_loop().create_task(answer())
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    def _write(self, line):
+        """Writes one line, if the connection is still up."""
+        if self._routes.closed is None:
+            self._writer.write(line)
+
     async def _read(self):
         reason = "the daemon closed the connection"
         try:
@@ -173,7 +202,10 @@ class AsyncClient:
                 if not line:
                     break
                 message = _wire.decode(line)
-                _deliver(self._routes.target(message), message)
+                target = self._routes.target(message)
+                if target is None and _wire.is_llm_call(message):
+                    self._write(_wire.no_llm_reply(message))
+                _deliver(target, message)
         except (OSError, ValueError) as err:
             reason = "the connection to the daemon failed: %s" % err
         except ProtocolError as err:

@@ -32,16 +32,22 @@ class Session(_wire.SessionBase):
             pass  # closed already, or the daemon went away: nothing is left to close
 
     def run(self, code, timeout=None, on_stdout=None, on_stderr=None, on_display=None,
-            on_input=None, **options):
+            on_input=None, on_llm=None, **options):
         """Runs `code`; its ExecutionResult, whatever its status (see raise_for_status).
 
         With any callback the execution streams: ``on_stdout(text)``/``on_stderr(text)`` get
         output as it is written, ``on_display(Display)`` rich output, and
         ``on_input(prompt, password)`` answers ``input()`` with a string (None: EOFError).
+        In a session created with ``llm="client"``, ``on_llm(call)`` answers the code's
+        ``llm_query`` and its kin: `call` is the ``bridge.llm`` params (``kind``,
+        ``prompts``, ...); it returns the answer (a string), the answers (a list, one per
+        prompt) or ``{"answers": [...], "usage": {...}}``, or raises, which raises LlmError
+        in the code. Each call runs on a thread of its own, so calls made at once are
+        answered concurrently.
         `timeout` is in seconds; `options` are the other params of ``session.execute``
         (``transaction``, ``queue``, ``cache``, ``meta``).
         """
-        callbacks = _wire.Callbacks(on_stdout, on_stderr, on_display, on_input)
+        callbacks = _wire.Callbacks(on_stdout, on_stderr, on_display, on_input, on_llm)
         params = _wire.execute_params(self.session_id, code, timeout, callbacks.streaming,
                                       options)
         if callbacks.streaming:
@@ -91,11 +97,13 @@ class _Sessions:
     """The methods every sync client has on top of ``call``."""
 
     def create_session(self, name=None, owner=None, python=None, cwd=None, env=None,
-                       limits=None, proactive=None, network=None):
-        """A new session, or the live session `name` (then ``created["attached"]`` is true)."""
+                       limits=None, proactive=None, network=None, llm=None):
+        """A new session, or the live session `name` (then ``created["attached"]`` is true).
+        `llm`: True for the engine's LLM bridge, ``"client"`` for calls ``run(on_llm=)``
+        answers."""
         created = self.call("session.create", _wire.drop_none(
             name=name, owner=owner, python=python, cwd=cwd, env=env, limits=limits,
-            proactive=proactive, network=network))
+            proactive=proactive, network=network, llm=llm))
         return Session(self, created["session_id"], created)
 
     def session(self, key):
@@ -173,11 +181,37 @@ class Client(_Sessions):
             request_id = self._send("session.execute", params, messages)
             while True:
                 message = messages.get()
-                if message is _wire.CLOSED or message.id == request_id:
+                if message is _wire.CLOSED or (message.id == request_id
+                                               and message.method is None):
                     return _wire.answer(message, request_id)
+                if _wire.is_llm_call(message):
+                    self._answer_llm(message, callbacks.on_llm)
+                    continue
                 reply = _wire.input_reply(message, callbacks.call(message))
                 if reply is not None:
                     self.call("session.input", reply)
+
+    def _answer_llm(self, message, on_llm):
+        """Answers a ``bridge.llm`` with `on_llm`, on a thread of its own."""
+        def answer():
+            try:
+                line = _wire.llm_reply(message, on_llm(message.params))
+            except Exception as err:  # the code gets LlmError with the reason
+                line = _wire.llm_reply(message, failure=err)
+            self._write(line)
+
+        if on_llm is None:
+            return self._write(_wire.no_llm_reply(message))
+        threading.Thread(target=answer, name="pyvisor-on-llm", daemon=True).start()
+
+    def _write(self, line):
+        """Writes one line, if the connection is still up."""
+        with self._lock:
+            if self._routes.closed is None:
+                try:
+                    self._sock.sendall(line)
+                except OSError:
+                    pass  # the reader sees the connection end
 
     @contextmanager
     def _streaming(self, session_id):
@@ -205,6 +239,8 @@ class Client(_Sessions):
                     target = self._routes.target(message)
                 if target is not None:
                     target.put(message)
+                elif _wire.is_llm_call(message):
+                    self._write(_wire.no_llm_reply(message))
         except (OSError, ValueError) as err:
             reason = "the connection to the daemon failed: %s" % err
         except ProtocolError as err:

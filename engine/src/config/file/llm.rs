@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{LlmConfig, Price, RlmConfig};
+use crate::config::{ClientLlmConfig, LlmConfig, Price, RlmConfig};
 
 /// `[llm]` as read from TOML. An empty `base_url` leaves the engine without an LLM.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,6 +33,9 @@ pub struct LlmSettings {
     pub session_concurrency: usize,
     /// Most prompts one session may have waiting or in flight.
     pub max_pending: usize,
+    /// Longest wait for a client's answer to a call of a session whose client answers
+    /// them (`llm: "client"`), in seconds.
+    pub client_timeout_s: f64,
     /// `[llm.prices."<model>"] input_per_mtok, output_per_mtok`: dollars per million tokens.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub prices: BTreeMap<String, Price>,
@@ -64,6 +67,15 @@ fn validate_rlm(rlm: &RlmConfig) -> Result<(), (&'static str, String)> {
     Ok(())
 }
 
+/// Checks a wait of `[llm]`: from a millisecond to an hour.
+fn wait_seconds(key: &'static str, seconds: f64) -> Result<(), (&'static str, String)> {
+    if (0.001..=3600.0).contains(&seconds) {
+        return Ok(());
+    }
+    let why = format!("must be from 0.001 to 3600 seconds, got {seconds}");
+    Err((key, why))
+}
+
 /// `[llm.models.<name>]` as read from TOML.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -86,6 +98,7 @@ impl Default for LlmSettings {
             max_concurrency: defaults.max_concurrency,
             session_concurrency: defaults.session_concurrency,
             max_pending: defaults.max_pending,
+            client_timeout_s: ClientLlmConfig::default().timeout.as_secs_f64(),
             prices: BTreeMap::new(),
             models: BTreeMap::new(),
             rlm: RlmConfig::default(),
@@ -96,6 +109,13 @@ impl Default for LlmSettings {
 impl LlmSettings {
     /// Checks the ranges that types do not.
     pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
+        wait_seconds("llm.client_timeout_s", self.client_timeout_s)?;
+        if self.batch_window_ms > 10_000 {
+            return Err((
+                "llm.batch_window_ms",
+                format!("must be at most 10000, got {}", self.batch_window_ms),
+            ));
+        }
         if self.base_url.is_empty() {
             return Ok(());
         }
@@ -103,22 +123,11 @@ impl LlmSettings {
         if self.model.trim().is_empty() {
             return Err(("llm.model", "must be set when llm.base_url is".into()));
         }
-        if !(0.001..=3600.0).contains(&self.timeout_s) {
-            return Err((
-                "llm.timeout_s",
-                format!("must be from 0.001 to 3600 seconds, got {}", self.timeout_s),
-            ));
-        }
+        wait_seconds("llm.timeout_s", self.timeout_s)?;
         if self.max_retries > 10 {
             return Err((
                 "llm.max_retries",
                 format!("must be at most 10, got {}", self.max_retries),
-            ));
-        }
-        if self.batch_window_ms > 10_000 {
-            return Err((
-                "llm.batch_window_ms",
-                format!("must be at most 10000, got {}", self.batch_window_ms),
             ));
         }
         for (key, value) in [
@@ -145,6 +154,14 @@ impl LlmSettings {
             return Err(("llm.models", format!("{name:?}: model must not be empty")));
         }
         validate_rlm(&self.rlm)
+    }
+
+    /// The client-answered bridge's settings, which need no `base_url`.
+    pub fn client_config(&self) -> ClientLlmConfig {
+        ClientLlmConfig {
+            timeout: Duration::from_secs_f64(self.client_timeout_s),
+            batch_window: Duration::from_millis(self.batch_window_ms),
+        }
     }
 
     /// The engine's LLM configuration; `None` without a `base_url`.

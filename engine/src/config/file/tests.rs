@@ -529,6 +529,24 @@ fn the_memory_embedder_section_maps_onto_the_engine() {
 }
 
 #[test]
+fn the_client_answered_bridge_needs_no_endpoint_and_checks_its_timeout() {
+    let machine = Machine::new();
+    let config = machine.load(None).unwrap().settings.engine_config();
+    assert_eq!(config.client_llm, crate::config::ClientLlmConfig::default());
+    machine.write(
+        "cwd/pyvisor.toml",
+        "[llm]\nclient_timeout_s = 2.5\nbatch_window_ms = 0\n",
+    );
+    let config = machine.load(None).unwrap().settings.engine_config();
+    assert_eq!(config.llm, None, "no base_url: no engine LLM");
+    assert_eq!(config.client_llm.timeout, Duration::from_millis(2500));
+    assert_eq!(config.client_llm.batch_window, Duration::ZERO);
+    machine.write("cwd/pyvisor.toml", "[llm]\nclient_timeout_s = 0\n");
+    let error = machine.error(None);
+    assert!(error.contains("llm.client_timeout_s"), "{error}");
+}
+
+#[test]
 fn the_llm_section_maps_onto_the_engine() {
     let machine = Machine::new();
     assert_eq!(

@@ -53,7 +53,11 @@ impl Dispatcher {
             limits,
             proactive: params.proactive,
             network: params.network,
-            llm: params.llm,
+            llm: match params.llm {
+                Some(wire::LlmChoice::Engine(on)) => Some(on),
+                Some(wire::LlmChoice::Client) | None => None,
+            },
+            llm_by_client: params.llm == Some(wire::LlmChoice::Client),
             bridge: None,
         };
         let session = self.engine.create_session(options).await?;
@@ -95,6 +99,7 @@ impl Dispatcher {
         request.cache = params.cache.unwrap_or(true);
         request.input = params.stream;
         request.meta = params.meta;
+        request.llm = self.client_llm.answerer(out);
         let session = self.session(at, &params.session_id).await?;
         if !params.stream {
             return session.run(request).await.map_err(|err| {

@@ -116,7 +116,8 @@ async fn serve(
             _ = shutdown.wait_for(|stopping| *stopping), if !stopping => stopping = true,
         }
     };
-    // Whatever still runs has nobody to answer to.
+    // Whatever still runs has nobody to answer to, and nothing waits for the client.
+    out.peer().hang_up();
     drop(in_flight);
     drop(out);
     let reason = match ending {

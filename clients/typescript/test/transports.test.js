@@ -1,0 +1,96 @@
+// Every transport against a real daemon: the Unix socket, a child `pyvisor serve --stdio`
+// (chosen by `auto` when no socket answers), and HTTP + WebSocket with a token. Each runs the
+// same checks: state between runs, streamed output in order, input(), an AbortSignal that
+// interrupts, checkpoint and restore, typed errors, and Symbol.asyncDispose.
+
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { connect, ConnectError, UnknownSession, Unauthorized } from "../dist/index.js";
+import { TOKEN, daemonForFile, waitFor } from "./support/daemon.js";
+
+const shared = daemonForFile();
+
+for (const name of ["socket", "stdio", "http"]) {
+  describe(`over ${name}`, () => {
+    let client;
+    before(async () => {
+      client = await shared.backends[name]();
+      assert.equal(client.backend, name);
+    });
+    after(async () => client?.close());
+
+    test("state persists, output streams in order, input() is answered", async () => {
+      const session = await client.createSession();
+      assert.equal((await session.run("x = 1")).status, "ok");
+      const chunks = [];
+      const prompts = [];
+      const result = await session.run(
+        "import sys\nprint('one', flush=True)\nsys.stderr.write('two\\n'); sys.stderr.flush()\n" +
+          "name = input('who? ')\nprint('hi', name)\nx + 41",
+        {
+          onStdout: (text) => chunks.push(["out", text]),
+          onStderr: (text) => chunks.push(["err", text]),
+          onInput: async (prompt, { password }) => {
+            prompts.push([prompt, password]);
+            return "ada";
+          },
+        },
+      );
+      assert.equal(result.status, "ok", JSON.stringify(result));
+      assert.equal(result.result.repr, "42");
+      assert.deepEqual(prompts, [["who? ", false]]);
+      // print() may write its text and its newline apart: join the runs of one stream.
+      const runs = chunks.reduce((joined, [stream, text]) => {
+        const last = joined.at(-1);
+        if (last && last[0] === stream) last[1] += text;
+        else joined.push([stream, text]);
+        return joined;
+      }, []);
+      assert.deepEqual(runs, [["out", "one\n"], ["err", "two\n"], ["out", "hi ada\n"]]);
+      await session[Symbol.asyncDispose]();
+      await assert.rejects(session.info(), name === "http" ? Error : UnknownSession);
+    });
+
+    test("an AbortSignal interrupts, checkpoints restore, errors are typed", async () => {
+      const session = await client.createSession();
+      await session.run("import time\nkept = 'before'");
+      const checkpoint = await session.checkpoint();
+      assert.match(checkpoint.checkpoint_id, /^c-/);
+      await session.run("kept = 'after'");
+      const controller = new AbortController();
+      let started = false;
+      const running = session.run("print('sleeping', flush=True)\ntime.sleep(60)", {
+        signal: controller.signal,
+        onStdout: () => (started = true),
+      });
+      await waitFor(() => started, 30_000, "the code to start");
+      controller.abort();
+      const interrupted = await running;
+      assert.equal(interrupted.status, "interrupted");
+      assert.equal(interrupted.error.type, "KeyboardInterrupt");
+      await assert.rejects(session.run("1", { signal: controller.signal }), { name: "AbortError" });
+      await session.restore(checkpoint.checkpoint_id);
+      assert.equal((await session.run("kept")).result.repr, "'before'");
+      const again = await client.session(session.id);
+      assert.equal((await again.run("kept")).result.repr, "'before'");
+      await session.close();
+      await assert.rejects(client.session("s-does-not-exist"), UnknownSession);
+    });
+  });
+}
+
+test("auto picks the daemon whose socket answers", async () => {
+  const client = await connect({ socket: shared.daemon.socket, pyvisor: "/nonexistent/pyvisor" });
+  assert.equal(client.backend, "socket");
+  await client.close();
+});
+
+test("nothing to reach, or a wrong token, is a typed error", async () => {
+  await assert.rejects(connect({ backend: "socket", socket: "/nonexistent/pyvisor.sock" }), ConnectError);
+  await assert.rejects(connect({ socket: "/nonexistent/pyvisor.sock", pyvisor: "/nonexistent/pyvisor" }), ConnectError);
+  const wrong = await connect({ backend: "http", url: shared.daemon.url, token: "wrong" }).catch((err) => err);
+  const client = wrong instanceof Error ? undefined : wrong;
+  const refused = client ? await client.createSession().catch((err) => err) : wrong;
+  assert.ok(refused instanceof Unauthorized, String(refused));
+});
