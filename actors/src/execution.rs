@@ -194,4 +194,8 @@ pub struct Recovered {
     /// The session's names are all gone: it starts again from an empty namespace.
     #[serde(default)]
     pub fresh_namespace: bool,
+    /// The node that held the session before this one took it over from the cluster's
+    /// store (docs/cluster.md); `None` on a single node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_node: Option<String>,
 }

@@ -131,6 +131,11 @@ pub struct SessionOptions {
     /// A bridge of this session's own, which answers its code's LLM calls in place of the
     /// engine's (the session gets the functions whatever `llm` says).
     pub bridge: Option<crate::bridge::SessionBridge>,
+    /// The id of a session this engine takes over from another engine that shared its
+    /// checkpoints (a cluster's failover): the session keeps that id instead of getting a new
+    /// one, and restores the newest checkpoint its key has in the store before it runs
+    /// anything. A live session with that id is returned as it is.
+    pub take_over: Option<String>,
 }
 
 /// A Python interpreter other than the engine's, with the worker package it runs.
