@@ -7,12 +7,13 @@
 //! handles of sessions found before in `handles`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+mod cluster;
 mod handles;
 mod methods;
 mod report;
@@ -27,7 +28,7 @@ use super::outbound::Outbound;
 use super::params::{decode, decode_or_default, encode, no_params, take_owner};
 use super::task;
 use super::wire::{self, method};
-use crate::{Engine, Session};
+use crate::{Engine, EngineError, Session, SupervisorError};
 
 /// Serves JSON-RPC method calls against one engine. Shared by every connection.
 pub struct Dispatcher {
@@ -39,6 +40,8 @@ pub struct Dispatcher {
     stopping: AtomicBool,
     /// Sessions looked up before.
     sessions: SessionHandles,
+    /// The node of the cluster this daemon is part of, with `[cluster]`.
+    cluster: OnceLock<Arc<crate::cluster::Node>>,
 }
 
 impl Dispatcher {
@@ -50,6 +53,7 @@ impl Dispatcher {
             started: Instant::now(),
             stopping: AtomicBool::new(false),
             sessions: SessionHandles::default(),
+            cluster: OnceLock::new(),
         })
     }
 
@@ -99,7 +103,13 @@ impl Dispatcher {
         };
         match method {
             method::CREATE => encode(self.create(&at, decode_or_default(params)?).await?),
-            method::EXECUTE => encode(self.execute(&at, decode(params)?, out).await?),
+            method::EXECUTE => {
+                let params: wire::ExecuteParams = decode(params)?;
+                let session_id = params.session_id.clone();
+                let mut result = self.execute(&at, params, out).await?;
+                self.note_result(&session_id, &mut result);
+                encode(result)
+            }
             method::INPUT => encode(self.input(&at, decode(params)?).await?),
             method::INTERRUPT => encode(self.interrupt(&at, decode(params)?).await?),
             method::CHECKPOINT => encode(self.checkpoint(&at, decode(params)?).await?),
@@ -173,7 +183,15 @@ impl Dispatcher {
         let session = match self.sessions.looked_up(&at.owner, key) {
             Some(session) => session,
             None => {
-                let session = self.engine.session(key, at.owner.as_deref()).await?;
+                let session = match self.engine.session(key, at.owner.as_deref()).await {
+                    Ok(session) => session,
+                    Err(
+                        not_here @ EngineError::Supervisor(SupervisorError::UnknownSession {
+                            ..
+                        }),
+                    ) => self.take_over(key, at.owner(), not_here).await?,
+                    Err(err) => return Err(err.into()),
+                };
                 self.sessions.remember(&at.owner, key, session.clone());
                 session
             }

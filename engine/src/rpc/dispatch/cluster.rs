@@ -1,0 +1,73 @@
+//! The dispatcher's side of a cluster (docs/cluster.md): a session created here is registered
+//! in the shared store, a session this engine does not have is taken over when its holder's
+//! lease ran out, a closed one leaves the store, and the first result of a session taken over
+//! says where it came from. Without `[cluster]` each hook does nothing.
+
+use std::sync::Arc;
+
+use super::Dispatcher;
+use crate::cluster::Node;
+use crate::rpc::errors::RpcError;
+use crate::{EngineError, ExecutionResult, Session};
+
+impl Dispatcher {
+    /// Makes this dispatcher's sessions part of the cluster `node` belongs to.
+    pub fn join_cluster(&self, node: Arc<Node>) {
+        if self.cluster.set(node).is_err() {
+            tracing::warn!("the dispatcher has joined a cluster already");
+        }
+    }
+
+    /// Registers a session the engine has just created; one the store would not take is
+    /// closed again, so that no node serves a session the store does not know.
+    pub(super) async fn register(&self, session: &Session) -> Result<(), RpcError> {
+        let Some(node) = self.cluster.get() else {
+            return Ok(());
+        };
+        if let Err(err) = node.created(session).await {
+            if let Err(closing) = session.clone().close().await {
+                tracing::warn!(session = session.id(), error = %closing, "cannot close an unregistered session");
+            }
+            return Err(err.into());
+        }
+        Ok(())
+    }
+
+    /// The session `key` for `owner`, taken over from the cluster; `not_here` (the engine's
+    /// answer) when the cluster does not have it either.
+    pub(super) async fn take_over(
+        &self,
+        key: &str,
+        owner: Option<&str>,
+        not_here: EngineError,
+    ) -> Result<Session, RpcError> {
+        let Some(node) = self.cluster.get() else {
+            return Err(not_here.into());
+        };
+        match node.take_over(key, owner).await? {
+            Some(session) => Ok(session),
+            None => Err(not_here.into()),
+        }
+    }
+
+    /// Notes a result's execution count for the heartbeat, and gives the first result of a
+    /// session taken over what it came back with.
+    pub(super) fn note_result(&self, session_id: &str, result: &mut ExecutionResult) {
+        let Some(node) = self.cluster.get() else {
+            return;
+        };
+        node.executed(session_id, result.execution_count);
+        if let Some(recovered) = node.take_recovered(session_id) {
+            // A crash of the new worker says more than where the session came from.
+            result.recovered.get_or_insert(recovered);
+        }
+    }
+
+    /// Removes a closed session from the store.
+    pub(super) async fn unregister(&self, session_id: &str) -> Result<(), RpcError> {
+        match self.cluster.get() {
+            Some(node) => Ok(node.closed(session_id).await?),
+            None => Ok(()),
+        }
+    }
+}

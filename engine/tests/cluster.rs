@@ -1,0 +1,304 @@
+//! Several nodes, one PostgreSQL (docs/cluster.md), against a real throwaway PostgreSQL: the
+//! schema migrated once by two nodes starting together, the store refusing a checkpoint
+//! written under a stale epoch (in SQL, whoever writes), and failover between two real daemon
+//! processes: the holder killed with SIGKILL, the session's next request on the other node
+//! answers from its last checkpoint and says where it came from, for its owner only.
+
+mod common;
+#[path = "common/postgres.rs"]
+mod postgres;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use pyvisor::cluster::checkpoints::{self, Writer};
+use pyvisor::cluster::{directory, migrations, Store};
+use pyvisor::errors::ClusterError;
+use pyvisor_actors::checkpoint::{CheckpointMeta, CheckpointStore, CheckpointStoreConfig};
+use serde_json::{json, Value};
+
+use common::Daemon;
+
+/// Polls `check` until it holds, up to 60 s; panics with `what` otherwise.
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn two_nodes_starting_together_migrate_an_empty_store_once() {
+    let db = postgres::database().await;
+    let config = db.config();
+    let (a, b) = tokio::join!(Store::open(&config), Store::open(&config));
+    a.expect("the first node opens the store");
+    b.expect("the second node opens the store");
+    let client = db.connect().await;
+    let versions: Vec<i32> = client
+        .query("SELECT version FROM pyvisor_schema ORDER BY version", &[])
+        .await
+        .expect("read the schema versions")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let expected: Vec<i32> = (1..=migrations::latest()).collect();
+    assert_eq!(versions, expected, "each migration applied exactly once");
+    // A third node, later, finds nothing to do.
+    Store::open(&db.config())
+        .await
+        .expect("a later node opens the migrated store");
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config: tokio_postgres::Config =
+        format!("host={} user=nobody dbname=none", dir.path().display())
+            .parse()
+            .expect("a connection string");
+    match Store::open(&config).await {
+        Err(ClusterError::Unreachable(message)) => assert!(!message.is_empty()),
+        Err(other) => panic!("expected Unreachable, got {other}"),
+        Ok(_) => panic!("no server listens there"),
+    }
+}
+
+/// A local checkpoint store with one checkpoint of `key` holding `payload`.
+fn local_store(dir: &Path, key: &str, payload: &[u8]) -> CheckpointStore {
+    let store = CheckpointStore::open(CheckpointStoreConfig::new(dir)).expect("open a store");
+    let meta = CheckpointMeta {
+        execution_count: 3,
+        ..CheckpointMeta::default()
+    };
+    store.save(key, &meta, payload).expect("save a checkpoint");
+    store
+}
+
+#[tokio::test]
+async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
+    let db = postgres::database().await;
+    let store = Store::open(&db.config()).await.expect("open the store");
+    let ttl = Duration::from_millis(500);
+    directory::join(&store, "node-a", "http://127.0.0.1:1")
+        .await
+        .unwrap();
+    directory::join(&store, "node-b", "http://127.0.0.1:2")
+        .await
+        .unwrap();
+    let epoch_a = directory::register(&store, "node-a", ttl, "s-1", None, Some("alice"))
+        .await
+        .expect("register");
+    assert_eq!(epoch_a, 1);
+
+    // Node B cannot claim a session whose lease still runs.
+    let early = directory::claim(&store, "node-b", ttl, "s-1")
+        .await
+        .unwrap();
+    assert_eq!(early, None, "a running lease is not taken");
+
+    // Node A is paused: it renews nothing, and its lease runs out by the store's clock.
+    until("the lease of node A ran out", || async {
+        let entry = directory::lookup(&store, "s-1").await.unwrap();
+        entry.is_some_and(|entry| entry.expired)
+    })
+    .await;
+    let claim = directory::claim(&store, "node-b", ttl, "s-1")
+        .await
+        .unwrap()
+        .expect("an expired lease is claimed");
+    assert_eq!(claim.epoch, 2, "each claim bumps the epoch");
+    assert_eq!(claim.from_node.as_deref(), Some("node-a"));
+
+    // Node A wakes up: its heartbeat learns that it lost the session...
+    let held = [directory::Held {
+        session_id: "s-1".into(),
+        epoch: epoch_a,
+        execution_count: 5,
+    }];
+    let renewed = directory::renew(&store, "node-a", ttl, &held)
+        .await
+        .unwrap();
+    assert!(renewed.is_empty(), "node A no longer holds s-1");
+
+    // ...and its checkpoint, written under epoch 1, is refused.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let local = local_store(dir.path(), "id:s-1", b"stale state of node A");
+    let newest = local.list("id:s-1").unwrap()[0].id;
+    let stale = Writer {
+        session_id: "s-1",
+        key: "id:s-1",
+        node_id: "node-a",
+        epoch: epoch_a,
+    };
+    match checkpoints::upload(&store, &local, stale, newest, 0).await {
+        Err(ClusterError::Fenced { epoch, .. }) => assert_eq!(epoch, 1),
+        other => panic!("a stale write must be fenced, got {other:?}"),
+    }
+
+    // The fence is in SQL: a writer that bypasses the node's code is refused too.
+    let client = db.connect().await;
+    let raw = client
+        .execute(
+            "INSERT INTO pyvisor_checkpoints
+                 (session_id, checkpoint_id, epoch, node_id, execution_count, manifest, payload)
+             VALUES ('s-1', 'c-9', 1, 'node-a', 9, '\\x00', '\\x00')",
+            &[],
+        )
+        .await
+        .expect_err("the store refuses a row under epoch 1");
+    assert!(directory::is_fenced(&raw), "{raw}");
+
+    // The new holder writes under epoch 2, and that is what a later claim restores.
+    let dir_b = tempfile::tempdir().expect("temp dir");
+    let local_b = local_store(dir_b.path(), "id:s-1", b"state of node B");
+    let newest_b = local_b.list("id:s-1").unwrap()[0].id;
+    let fresh = Writer {
+        session_id: "s-1",
+        key: "id:s-1",
+        node_id: "node-b",
+        epoch: claim.epoch,
+    };
+    checkpoints::upload(&store, &local_b, fresh, newest_b, 10)
+        .await
+        .expect("the holder's write is taken");
+    let dir_c = tempfile::tempdir().expect("temp dir");
+    let local_c = CheckpointStore::open(CheckpointStoreConfig::new(dir_c.path())).unwrap();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let downloaded = checkpoints::download(&store, &local_c, scratch.path(), "s-1", "id:s-1")
+        .await
+        .expect("download")
+        .expect("the store has a checkpoint");
+    assert_eq!(downloaded.node_id, "node-b");
+    assert_eq!(
+        downloaded.execution_count, 13,
+        "10 before node B's engine, 3 after"
+    );
+    let loaded = local_c
+        .load("id:s-1", None)
+        .expect("the checkpoint is local now");
+    assert_eq!(loaded.payload, b"state of node B");
+}
+
+/// A cluster node's config: the store, its id, a short lease, one warm worker.
+fn node_config(home: &Path, db: &postgres::Database, node_id: &str) -> std::path::PathBuf {
+    std::fs::create_dir_all(home).expect("the node's home");
+    let path = home.join("pyvisor.toml");
+    let text = format!(
+        "[pool]\nmin_idle = 1\n\n[cluster]\nstore = \"{}\"\nnode_id = \"{node_id}\"\n\
+         advertise_url = \"http://127.0.0.1:9\"\nlease_ttl_s = 1.0\n",
+        db.url()
+    );
+    std::fs::write(&path, text).expect("write the node's config");
+    path
+}
+
+/// `session.execute` of `code` in `session` for `owner`, as the whole response.
+async fn execute(daemon: &Daemon, session: &str, owner: &str, code: &str) -> Value {
+    let mut conn = daemon.connect().await;
+    let params = json!({"session_id": session, "owner": owner, "code": code});
+    conn.request("session.execute", params).await.1
+}
+
+#[tokio::test]
+async fn a_session_of_a_killed_node_comes_back_on_another_with_its_state() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let (home_a, home_b) = (homes.path().join("a"), homes.path().join("b"));
+    let config_a = node_config(&home_a, &db, "node-a");
+    let config_b = node_config(&home_b, &db, "node-b");
+    let mut node_a =
+        Daemon::start_in(&home_a, &["--config", config_a.to_str().unwrap()], &[]).await;
+    let node_b = Daemon::start_in(&home_b, &["--config", config_b.to_str().unwrap()], &[]).await;
+
+    let mut conn = node_a.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    let first = conn
+        .call(
+            "session.execute",
+            json!({"session_id": session, "code": "x = 41"}),
+        )
+        .await;
+    assert_eq!(first["status"], "ok", "{first}");
+    let taken = conn
+        .call("session.checkpoint", json!({"session_id": session}))
+        .await;
+    let checkpoint = taken["checkpoint_id"]
+        .as_str()
+        .expect("a checkpoint id")
+        .to_owned();
+    let store = db.connect().await;
+    until("node A uploaded the checkpoint", || async {
+        let row = store
+            .query_opt(
+                "SELECT checkpoint_id FROM pyvisor_checkpoints WHERE session_id = $1",
+                &[&session],
+            )
+            .await
+            .expect("query the store");
+        row.is_some_and(|row| row.get::<_, String>(0) == checkpoint)
+    })
+    .await;
+
+    // While node A lives, node B does not take its session.
+    let held = execute(&node_b, &session, "alice", "x").await;
+    assert_eq!(held["error"]["code"], -32008, "{held}");
+    assert_eq!(held["error"]["data"]["node"], "node-a", "{held}");
+
+    node_a.child.kill().expect("kill -9 node A");
+    node_a.child.wait().expect("reap node A");
+
+    // Another owner never reaches the session, through any node.
+    let foreign = execute(&node_b, &session, "bob", "x").await;
+    assert_eq!(foreign["error"]["code"], -32001, "{foreign}");
+
+    // Node A's lease runs out; the session's next request on node B claims it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let answer = loop {
+        let answer = execute(&node_b, &session, "alice", "x + 1").await;
+        if answer["error"]["code"] != -32008 {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node A's lease never ran out: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let result = &answer["result"];
+    assert_eq!(result["status"], "ok", "{answer}\n{}", node_b.log());
+    assert_eq!(
+        result["result"]["repr"], "42",
+        "the state of node A came back"
+    );
+    let recovered = &result["recovered"];
+    assert_eq!(recovered["from_node"], "node-a", "{recovered}");
+    assert_eq!(
+        recovered["checkpoint_id"],
+        checkpoint.as_str(),
+        "{recovered}"
+    );
+    assert_eq!(recovered["lost_executions"], 0, "{recovered}");
+
+    // Only the request that took it over says so; the session goes on on node B.
+    let next = execute(&node_b, &session, "alice", "x = 7; x").await;
+    assert_eq!(next["result"]["result"]["repr"], "7", "{next}");
+    assert!(next["result"]["recovered"].is_null(), "{next}");
+    let row = store
+        .query_one(
+            "SELECT holder, epoch FROM pyvisor_sessions WHERE session_id = $1",
+            &[&session],
+        )
+        .await
+        .expect("the directory row");
+    assert_eq!(row.get::<_, String>(0), "node-b");
+    assert_eq!(row.get::<_, i64>(1), 2, "one claim after the create");
+    let foreign = execute(&node_b, &session, "bob", "x").await;
+    assert_eq!(foreign["error"]["code"], -32001, "{foreign}");
+}
