@@ -75,6 +75,10 @@ pub enum ClusterError {
     /// node has claimed the session since.
     #[error("write session {session_id} under epoch {epoch}: another node has claimed it since")]
     Fenced { session_id: String, epoch: i64 },
+    /// This node cannot renew its lease on the session (the store is unreachable), so it
+    /// can no longer prove it holds it and stops serving it.
+    #[error("serve session {session_id}: its lease ran out and the cluster store cannot renew it")]
+    LeaseExpired { session_id: String },
     /// Another node that is alive holds the session.
     #[error("session {session_id} is held by node {node} ({advertise_url})")]
     HeldElsewhere {

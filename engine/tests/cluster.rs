@@ -17,7 +17,7 @@ use pyvisor::errors::ClusterError;
 use pyvisor_actors::checkpoint::{CheckpointMeta, CheckpointStore, CheckpointStoreConfig};
 use serde_json::{json, Value};
 
-use common::Daemon;
+use common::{http_get, Daemon};
 
 /// Polls `check` until it holds, up to 60 s; panics with `what` otherwise.
 async fn until<F, Fut>(what: &str, mut check: F)
@@ -301,4 +301,92 @@ async fn a_session_of_a_killed_node_comes_back_on_another_with_its_state() {
     assert_eq!(row.get::<_, i64>(1), 2, "one claim after the create");
     let foreign = execute(&node_b, &session, "bob", "x").await;
     assert_eq!(foreign["error"]["code"], -32001, "{foreign}");
+}
+
+#[tokio::test]
+async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
+    let db = postgres::database().await;
+    let home = tempfile::tempdir().expect("temp dir");
+    // The node reaches the store through a link to its socket, which the test can cut.
+    let link_dir = home.path().join("link");
+    std::fs::create_dir(&link_dir).expect("the link's dir");
+    let socket = db.socket_dir.join(".s.PGSQL.5432");
+    let link = link_dir.join(".s.PGSQL.5432");
+    std::os::unix::fs::symlink(&socket, &link).expect("link the socket");
+    let via_link = postgres::Database {
+        socket_dir: link_dir.clone(),
+        name: db.name.clone(),
+    };
+    let config = node_config(&home.path().join("a"), &via_link, "node-a");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let args = ["--config", config.to_str().unwrap(), "--http", &addr];
+    let node = Daemon::start_in(&home.path().join("a"), &args, &[]).await;
+    let mut conn = node.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    let set = execute(&node, &session, "alice", "x = 1").await;
+    assert_eq!(set["result"]["status"], "ok", "{set}");
+    until("the node is ready", || async {
+        http_get(port, "/readyz", None).await.0 == 200
+    })
+    .await;
+
+    // Cut the node off: no new connection, and its open ones ended.
+    std::fs::remove_file(&link).expect("cut the link");
+    let store = db.connect().await;
+    store
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = $1 AND application_name = 'pyvisor'",
+            &[&db.name],
+        )
+        .await
+        .expect("end the node's connections");
+    until("/readyz says the store is unreachable", || async {
+        let (status, body) = http_get(port, "/readyz", None).await;
+        status == 503 && body.contains("store unreachable")
+    })
+    .await;
+    let mut refused = Value::Null;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused["error"]["code"] != -32008 {
+        assert!(
+            Instant::now() < deadline,
+            "the node kept serving: {refused}"
+        );
+        refused = execute(&node, &session, "alice", "x").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("lease"),
+        "{refused}"
+    );
+
+    // The store is back and nobody took the session: the node serves it again, as it was.
+    std::os::unix::fs::symlink(&socket, &link).expect("restore the link");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let back = loop {
+        let answer = execute(&node, &session, "alice", "x").await;
+        if answer["error"].is_null() {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "never served again: {answer}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(back["result"]["result"]["repr"], "1", "{back}");
+    assert!(
+        back["result"]["recovered"].is_null(),
+        "the same worker: {back}"
+    );
+    until("the node is ready again", || async {
+        http_get(port, "/readyz", None).await.0 == 200
+    })
+    .await;
 }

@@ -11,7 +11,9 @@
 //! request for it finds it held elsewhere.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
 
 use pyvisor_actors::session::StateSetup;
 use tokio::task::JoinHandle;
@@ -35,6 +37,8 @@ pub struct Node {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Held while a session is taken over: two requests for one session claim it once.
     taking_over: tokio::sync::Mutex<()>,
+    /// Whether the last heartbeat reached the store.
+    store_reachable: AtomicBool,
 }
 
 /// A session this node holds.
@@ -49,6 +53,9 @@ struct Holding {
     count: u64,
     /// The local checkpoint last uploaded (its sequence).
     uploaded: Option<u64>,
+    /// Until when this node can prove it holds the session, by its own clock: the lease's
+    /// length after the last renewal was sent, never later than the store's expiry.
+    valid_until: Instant,
 }
 
 impl Node {
@@ -65,6 +72,7 @@ impl Node {
             recovered: Mutex::default(),
             tasks: Mutex::default(),
             taking_over: tokio::sync::Mutex::new(()),
+            store_reachable: AtomicBool::new(true),
         });
         let heartbeat = tokio::spawn(every_heartbeat(Arc::downgrade(&node), |node| {
             Box::pin(async move { node.heartbeat().await })
@@ -105,6 +113,7 @@ impl Node {
         if session.attached() || self.lock_held().contains_key(session.id()) {
             return Ok(());
         }
+        let registering = Instant::now();
         let epoch = directory::register(
             &self.store,
             &self.config.node_id,
@@ -114,6 +123,7 @@ impl Node {
             session.owner(),
         )
         .await?;
+        let valid_until = registering + self.config.lease_ttl;
         let key = StateSetup::key_for(session.owner(), session.name(), session.id());
         self.lock_held().insert(
             session.id().to_owned(),
@@ -123,9 +133,30 @@ impl Node {
                 base: 0,
                 count: 0,
                 uploaded: None,
+                valid_until,
             },
         );
         Ok(())
+    }
+
+    /// Whether the last heartbeat reached the store (`/readyz`).
+    pub fn store_reachable(&self) -> bool {
+        self.store_reachable.load(Ordering::SeqCst)
+    }
+
+    /// Refuses to serve a held session once this node can no longer prove it holds it: its
+    /// lease ran out by this node's clock because the store could not renew it. The worker
+    /// stays: a renewal once the store is back lets the session go on, unless another node
+    /// claimed it meanwhile.
+    pub fn check_lease(&self, session_id: &str) -> Result<(), ClusterError> {
+        match self.lock_held().get(session_id) {
+            Some(holding) if holding.valid_until < Instant::now() => {
+                Err(ClusterError::LeaseExpired {
+                    session_id: session_id.to_owned(),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Notes the execution count a session's engine reported, for the next heartbeat.
@@ -182,6 +213,7 @@ impl Node {
         if !entry.expired && !mine {
             return Err(held_elsewhere(entry));
         }
+        let claiming = Instant::now();
         let claim = directory::claim(
             &self.store,
             &self.config.node_id,
@@ -213,6 +245,7 @@ impl Node {
                 base,
                 count: 0,
                 uploaded: downloaded.as_ref().map(|d| d.local_id.sequence()),
+                valid_until: claiming + self.config.lease_ttl,
             },
         );
         let options = SessionOptions {
@@ -260,6 +293,7 @@ impl Node {
                 execution_count: (holding.base + holding.count) as i64,
             })
             .collect();
+        let sent = Instant::now();
         let renewal = directory::renew(
             &self.store,
             &self.config.node_id,
@@ -268,9 +302,24 @@ impl Node {
         );
         let renewed = match tokio::time::timeout(WAIT, renewal).await {
             Ok(Ok(renewed)) => renewed,
-            Ok(Err(err)) => return tracing::warn!(error = %err, "heartbeat failed"),
-            Err(_) => return tracing::warn!("heartbeat failed: the store did not answer in time"),
+            Ok(Err(err)) => {
+                self.store_reachable.store(false, Ordering::SeqCst);
+                return tracing::warn!(error = %err, "heartbeat failed");
+            }
+            Err(_) => {
+                self.store_reachable.store(false, Ordering::SeqCst);
+                return tracing::warn!("heartbeat failed: the store did not answer in time");
+            }
         };
+        self.store_reachable.store(true, Ordering::SeqCst);
+        {
+            let mut holdings = self.lock_held();
+            for id in &renewed {
+                if let Some(holding) = holdings.get_mut(id) {
+                    holding.valid_until = sent + self.config.lease_ttl;
+                }
+            }
+        }
         for lost in held.iter().filter(|h| !renewed.contains(&h.session_id)) {
             self.lose(&lost.session_id, lost.epoch).await;
         }

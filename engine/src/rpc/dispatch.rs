@@ -196,6 +196,7 @@ impl Dispatcher {
                 session
             }
         };
+        self.check_lease(session.id())?;
         if let Some(pinned) = at.caller.pinned() {
             if session.id() != pinned {
                 return Err(RpcError::invalid_params(format!(

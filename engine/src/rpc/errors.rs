@@ -123,6 +123,9 @@ impl From<crate::errors::ClusterError> for RpcError {
                 message: err.to_string(),
                 data: Some(serde_json::json!({"node": node, "advertise_url": advertise_url})),
             },
+            err @ ClusterError::LeaseExpired { .. } => {
+                RpcError::new(code::HELD_ELSEWHERE, err.to_string())
+            }
             other => RpcError::new(code::ENGINE_ERROR, other.to_string()),
         }
     }

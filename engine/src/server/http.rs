@@ -332,10 +332,12 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
 
-/// `GET /readyz`: the pool is warm and no stop has begun.
+/// `GET /readyz`: the pool is warm, no stop has begun, and a cluster node reaches its store.
 async fn readyz(state: web::Data<State>) -> HttpResponse {
     if state.dispatcher.is_stopping() {
         HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "stopping"}))
+    } else if !state.dispatcher.store_reachable() {
+        HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "store unreachable"}))
     } else if state.ready.load(Ordering::SeqCst) {
         HttpResponse::Ok().json(serde_json::json!({"status": "ready"}))
     } else {

@@ -50,6 +50,19 @@ impl Dispatcher {
         }
     }
 
+    /// Refuses a session this node can no longer prove it holds (docs/cluster.md).
+    pub(super) fn check_lease(&self, session_id: &str) -> Result<(), RpcError> {
+        match self.cluster.get() {
+            Some(node) => Ok(node.check_lease(session_id)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the cluster's store answered the last heartbeat; true without a cluster.
+    pub fn store_reachable(&self) -> bool {
+        self.cluster.get().is_none_or(|node| node.store_reachable())
+    }
+
     /// Notes a result's execution count for the heartbeat, and gives the first result of a
     /// session taken over what it came back with.
     pub(super) fn note_result(&self, session_id: &str, result: &mut ExecutionResult) {
