@@ -390,3 +390,78 @@ async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_node_paused_past_its_lease_gives_the_session_up_when_it_wakes() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let (home_a, home_b) = (homes.path().join("a"), homes.path().join("b"));
+    let config_a = node_config(&home_a, &db, "node-a");
+    let config_b = node_config(&home_b, &db, "node-b");
+    let node_a = Daemon::start_in(&home_a, &["--config", config_a.to_str().unwrap()], &[]).await;
+    let node_b = Daemon::start_in(&home_b, &["--config", config_b.to_str().unwrap()], &[]).await;
+    let mut conn = node_a.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    let set = execute(&node_a, &session, "alice", "x = 41").await;
+    assert_eq!(set["result"]["status"], "ok", "{set}");
+    conn.call("session.checkpoint", json!({"session_id": session}))
+        .await;
+    let store = db.connect().await;
+    until("node A uploaded a checkpoint", || async {
+        let row = store
+            .query_opt(
+                "SELECT 1 FROM pyvisor_checkpoints WHERE session_id = $1",
+                &[&session],
+            )
+            .await
+            .expect("query the store");
+        row.is_some()
+    })
+    .await;
+
+    node_a.signal(nix::sys::signal::Signal::SIGSTOP);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let taken = loop {
+        let answer = execute(&node_b, &session, "alice", "x = x + 1; x").await;
+        if answer["error"]["code"] != -32008 {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node B never took over: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(taken["result"]["result"]["repr"], "42", "{taken}");
+    node_a.signal(nix::sys::signal::Signal::SIGCONT);
+
+    // Node A learns that it lost the session and stops serving it; the session's state is
+    // node B's, whatever node A tried to write when it woke.
+    until("node A gave the session up", || async {
+        node_a
+            .log()
+            .contains("lost the session's lease to another node")
+    })
+    .await;
+    let stale = execute(&node_a, &session, "alice", "x").await;
+    assert_eq!(stale["error"]["code"], -32008, "{stale}");
+    assert_eq!(stale["error"]["data"]["node"], "node-b", "{stale}");
+    let now = execute(&node_b, &session, "alice", "x").await;
+    assert_eq!(now["result"]["result"]["repr"], "42", "{now}");
+    let row = store
+        .query_one(
+            "SELECT s.holder, s.epoch, c.epoch FROM pyvisor_sessions s
+             LEFT JOIN pyvisor_checkpoints c USING (session_id) WHERE s.session_id = $1",
+            &[&session],
+        )
+        .await
+        .expect("the directory row");
+    assert_eq!(row.get::<_, String>(0), "node-b");
+    let epoch: i64 = row.get(1);
+    let written: i64 = row.get(2);
+    assert!(
+        written <= epoch,
+        "no checkpoint under a newer epoch than the session's"
+    );
+}

@@ -144,18 +144,20 @@ impl Node {
         self.store_reachable.load(Ordering::SeqCst)
     }
 
-    /// Refuses to serve a held session once this node can no longer prove it holds it: its
-    /// lease ran out by this node's clock because the store could not renew it. The worker
-    /// stays: a renewal once the store is back lets the session go on, unless another node
-    /// claimed it meanwhile.
-    pub fn check_lease(&self, session_id: &str) -> Result<(), ClusterError> {
+    /// Whether this node holds the session `session_id` (false: it lost it to another node,
+    /// or never held it). Refuses a held session once this node can no longer prove it holds
+    /// it: its lease ran out by this node's clock because the store could not renew it. The
+    /// worker stays: a renewal once the store is back lets the session go on, unless another
+    /// node claimed it meanwhile.
+    pub fn check_lease(&self, session_id: &str) -> Result<bool, ClusterError> {
         match self.lock_held().get(session_id) {
             Some(holding) if holding.valid_until < Instant::now() => {
                 Err(ClusterError::LeaseExpired {
                     session_id: session_id.to_owned(),
                 })
             }
-            _ => Ok(()),
+            Some(_) => Ok(true),
+            None => Ok(false),
         }
     }
 

@@ -196,7 +196,7 @@ impl Dispatcher {
                 session
             }
         };
-        self.check_lease(session.id())?;
+        let session = self.held_here(session, key, at.owner()).await?;
         if let Some(pinned) = at.caller.pinned() {
             if session.id() != pinned {
                 return Err(RpcError::invalid_params(format!(

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::Dispatcher;
 use crate::cluster::Node;
 use crate::rpc::errors::RpcError;
-use crate::{EngineError, ExecutionResult, Session};
+use crate::{EngineError, ExecutionResult, Session, SupervisorError};
 
 impl Dispatcher {
     /// Makes this dispatcher's sessions part of the cluster `node` belongs to.
@@ -50,12 +50,27 @@ impl Dispatcher {
         }
     }
 
-    /// Refuses a session this node can no longer prove it holds (docs/cluster.md).
-    pub(super) fn check_lease(&self, session_id: &str) -> Result<(), RpcError> {
-        match self.cluster.get() {
-            Some(node) => Ok(node.check_lease(session_id)?),
-            None => Ok(()),
+    /// `session`, found here under `key` for `owner`, if this node still holds it; else what
+    /// the cluster says of it (another node holds it, or it is gone). Refuses a session this
+    /// node can no longer prove it holds (docs/cluster.md).
+    pub(super) async fn held_here(
+        &self,
+        session: Session,
+        key: &str,
+        owner: Option<&str>,
+    ) -> Result<Session, RpcError> {
+        let Some(node) = self.cluster.get() else {
+            return Ok(session);
+        };
+        if node.check_lease(session.id())? {
+            return Ok(session);
         }
+        // Another node took the session over: this handle is of the copy this node closed.
+        self.sessions.forget(session.id());
+        let not_here = EngineError::Supervisor(SupervisorError::UnknownSession {
+            session: key.to_owned(),
+        });
+        self.take_over(key, owner, not_here).await
     }
 
     /// Whether the cluster's store answered the last heartbeat; true without a cluster.
