@@ -301,6 +301,26 @@ async fn a_session_of_a_killed_node_comes_back_on_another_with_its_state() {
     assert_eq!(row.get::<_, i64>(1), 2, "one claim after the create");
     let foreign = execute(&node_b, &session, "bob", "x").await;
     assert_eq!(foreign["error"]["code"], -32001, "{foreign}");
+
+    // cluster.status: both nodes, the session with node B, node A's heartbeat stale.
+    let mut conn_b = node_b.connect().await;
+    let status = conn_b.call("cluster.status", json!({})).await;
+    assert_eq!(status["sessions"], 1, "{status}");
+    let nodes = status["nodes"].as_array().expect("a list of nodes");
+    let ids: Vec<&str> = nodes.iter().filter_map(|n| n["node_id"].as_str()).collect();
+    assert_eq!(ids, ["node-a", "node-b"], "{status}");
+    assert_eq!(nodes[0]["sessions"], 0, "{status}");
+    assert_eq!(nodes[1]["sessions"], 1, "{status}");
+    assert!(
+        nodes[0]["heartbeat_age_ms"].as_i64() > nodes[1]["heartbeat_age_ms"].as_i64(),
+        "{status}"
+    );
+    assert_eq!(nodes[1]["advertise_url"], "http://127.0.0.1:9", "{status}");
+    // It counts every owner's sessions: an owner may not read it.
+    let (_, refused) = conn_b
+        .request("cluster.status", json!({"owner": "alice"}))
+        .await;
+    assert_eq!(refused["error"]["code"], -32007, "{refused}");
 }
 
 #[tokio::test]

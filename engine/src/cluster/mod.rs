@@ -12,6 +12,7 @@
 //! - [`migrations`]: the schema, versioned in code, applied under an advisory lock.
 //! - [`directory`]: the session directory and its leases (register, claim, renew, remove).
 //! - [`checkpoints`]: checkpoints copied between a node's local store and the shared one.
+//! - [`status`]: `cluster.status`, the nodes and their sessions as the store sees them.
 //! - [`node`]: the node at run time: its heartbeat, the checkpoint upload, failover.
 
 pub mod checkpoints;
@@ -19,9 +20,11 @@ pub mod config;
 pub mod directory;
 pub mod migrations;
 pub mod node;
+pub mod status;
 pub mod store;
 
 pub use config::ClusterConfig;
 pub use directory::{Claim, Entry};
 pub use node::Node;
+pub use status::{ClusterStatus, NodeStatus};
 pub use store::Store;

@@ -159,6 +159,10 @@ impl Dispatcher {
                 no_params(params)?;
                 encode(self.health())
             }
+            method::CLUSTER_STATUS => {
+                no_params(params)?;
+                encode(self.cluster_status(&at).await?)
+            }
             task::RUN | task::CANCEL => {
                 at.unpinned()?;
                 task::call(&self.engine, at.owner(), method, params, out).await

@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
-use super::Dispatcher;
-use crate::cluster::Node;
-use crate::rpc::errors::RpcError;
+use super::{Dispatcher, Scope};
+use crate::cluster::status::status;
+use crate::cluster::{ClusterStatus, Node};
+use crate::rpc::errors::{code, RpcError};
 use crate::{EngineError, ExecutionResult, Session, SupervisorError};
 
 impl Dispatcher {
@@ -76,6 +77,23 @@ impl Dispatcher {
     /// Whether the cluster's store answered the last heartbeat; true without a cluster.
     pub fn store_reachable(&self) -> bool {
         self.cluster.get().is_none_or(|node| node.store_reachable())
+    }
+
+    /// `cluster.status`, for admins who reach every session (it counts every owner's).
+    pub(super) async fn cluster_status(&self, at: &Scope<'_>) -> Result<ClusterStatus, RpcError> {
+        if at.owner().is_some() {
+            return Err(RpcError::new(
+                code::UNAUTHORIZED,
+                "unauthorized: cluster.status counts every owner's sessions; admins only",
+            ));
+        }
+        let Some(node) = self.cluster.get() else {
+            return Err(RpcError::new(
+                code::ENGINE_ERROR,
+                "this node is not part of a cluster (no [cluster] store)",
+            ));
+        };
+        Ok(status(node.store()).await?)
     }
 
     /// Notes a result's execution count for the heartbeat, and gives the first result of a
