@@ -320,6 +320,8 @@ fn http_status(code: i64) -> StatusCode {
         }
         code::POOL_EXHAUSTED | code::SHUTTING_DOWN => StatusCode::SERVICE_UNAVAILABLE,
         code::SESSION_BUSY => StatusCode::CONFLICT,
+        // Another node of the cluster holds the session (docs/cluster.md).
+        code::HELD_ELSEWHERE => StatusCode::MISDIRECTED_REQUEST,
         code::LIMIT_EXCEEDED => StatusCode::PAYLOAD_TOO_LARGE,
         code::UNAUTHORIZED => StatusCode::UNAUTHORIZED,
         code::INVALID_REQUEST | code::INVALID_PARAMS | code::PARSE_ERROR => StatusCode::BAD_REQUEST,
