@@ -185,13 +185,24 @@ async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
     assert_eq!(loaded.payload, b"state of node B");
 }
 
-/// A cluster node's config: the store, its id, a short lease, one warm worker.
+/// A cluster node's config: the store, its id, a short lease, one warm worker, and an
+/// advertised URL where nothing listens.
 fn node_config(home: &Path, db: &postgres::Database, node_id: &str) -> std::path::PathBuf {
+    advertised_node_config(home, db, node_id, "http://127.0.0.1:9")
+}
+
+/// [`node_config`] with the URL where other nodes reach this one.
+fn advertised_node_config(
+    home: &Path,
+    db: &postgres::Database,
+    node_id: &str,
+    url: &str,
+) -> std::path::PathBuf {
     std::fs::create_dir_all(home).expect("the node's home");
     let path = home.join("pyvisor.toml");
     let text = format!(
         "[pool]\nmin_idle = 1\n\n[cluster]\nstore = \"{}\"\nnode_id = \"{node_id}\"\n\
-         advertise_url = \"http://127.0.0.1:9\"\nlease_ttl_s = 1.0\n",
+         advertise_url = \"{url}\"\nlease_ttl_s = 1.0\n",
         db.url()
     );
     std::fs::write(&path, text).expect("write the node's config");
@@ -338,10 +349,7 @@ async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
         name: db.name.clone(),
     };
     let config = node_config(&home.path().join("a"), &via_link, "node-a");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let args = ["--config", config.to_str().unwrap(), "--http", &addr];
     let node = Daemon::start_in(&home.path().join("a"), &args, &[]).await;
@@ -484,4 +492,66 @@ async fn a_node_paused_past_its_lease_gives_the_session_up_when_it_wakes() {
         written <= epoch,
         "no checkpoint under a newer epoch than the session's"
     );
+}
+
+/// A loopback port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+#[tokio::test]
+async fn a_request_at_the_wrong_node_is_forwarded_to_the_holder() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b"] {
+        let home = homes.path().join(id);
+        let addr = format!("127.0.0.1:{}", free_port());
+        let config = advertised_node_config(&home, &db, id, &format!("http://{addr}"));
+        let args = ["--config", config.to_str().unwrap(), "--http", &addr];
+        nodes.push(Daemon::start_in(&home, &args, &[]).await);
+    }
+    let (node_a, node_b) = (&nodes[0], &nodes[1]);
+    let mut conn = node_a.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    let set = execute(node_a, &session, "alice", "x = 41").await;
+    assert_eq!(set["result"]["status"], "ok", "{set}");
+
+    // Node B does not hold the session: it sends the request on to node A, which runs it.
+    let there = execute(node_b, &session, "alice", "x += 1; print('on A'); x").await;
+    let result = &there["result"];
+    assert_eq!(result["result"]["repr"], "42", "{there}");
+    assert_eq!(result["stdout"], "on A\n", "{there}");
+    assert!(
+        result["recovered"].is_null(),
+        "nothing was recovered: {there}"
+    );
+    let here = execute(node_a, &session, "alice", "x").await;
+    assert_eq!(
+        here["result"]["result"]["repr"], "42",
+        "it ran on node A: {here}"
+    );
+    let mut conn_b = node_b.connect().await;
+    let checkpoint = conn_b
+        .call("session.checkpoint", json!({"session_id": session}))
+        .await;
+    assert!(checkpoint["checkpoint_id"].is_string(), "{checkpoint}");
+
+    // The owner rule holds through any node: bob never reaches alice's session.
+    let foreign = execute(node_b, &session, "bob", "x").await;
+    assert_eq!(foreign["error"]["code"], -32001, "{foreign}");
+    let store = db.connect().await;
+    let holder: String = store
+        .query_one(
+            "SELECT holder FROM pyvisor_sessions WHERE session_id = $1",
+            &[&session],
+        )
+        .await
+        .expect("the directory row")
+        .get(0);
+    assert_eq!(holder, "node-a", "forwarding claims nothing");
 }

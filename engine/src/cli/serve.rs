@@ -86,7 +86,10 @@ pub async fn run(args: ServeArgs) -> u8 {
             std::env::var(var).ok()
         });
     let cluster = match cluster {
-        Ok(cluster) => cluster,
+        Ok(cluster) => cluster.map(|mut cluster| {
+            cluster.token = settings.token().map(str::to_owned);
+            cluster
+        }),
         Err((key, message)) => {
             eprintln!("pyvisor: {key}: {message}");
             return EXIT_USAGE;

@@ -14,6 +14,9 @@ pub struct ClusterConfig {
     pub advertise_url: String,
     /// How long a hold on a session lasts without a heartbeat.
     pub lease_ttl: Duration,
+    /// The admin token (`[server] token`), which every node of the cluster shares: this node
+    /// presents it when it forwards a request to another.
+    pub token: Option<String>,
 }
 
 impl ClusterConfig {

@@ -12,12 +12,14 @@
 //! - [`migrations`]: the schema, versioned in code, applied under an advisory lock.
 //! - [`directory`]: the session directory and its leases (register, claim, renew, remove).
 //! - [`checkpoints`]: checkpoints copied between a node's local store and the shared one.
+//! - [`forward`]: requests sent on to the node that holds their session.
 //! - [`status`]: `cluster.status`, the nodes and their sessions as the store sees them.
 //! - [`node`]: the node at run time: its heartbeat, the checkpoint upload, failover.
 
 pub mod checkpoints;
 pub mod config;
 pub mod directory;
+pub mod forward;
 pub mod migrations;
 pub mod node;
 pub mod status;

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use super::checkpoints::{self, Writer};
 use super::config::ClusterConfig;
 use super::directory::{self, Held};
+use super::forward::Forwarder;
 use super::store::{Store, WAIT};
 use crate::errors::ClusterError;
 use crate::{Engine, Recovered, Session, SessionOptions};
@@ -39,6 +40,7 @@ pub struct Node {
     taking_over: tokio::sync::Mutex<()>,
     /// Whether the last heartbeat reached the store.
     store_reachable: AtomicBool,
+    forwarder: Forwarder,
 }
 
 /// A session this node holds.
@@ -62,6 +64,7 @@ impl Node {
     /// Joins the cluster: opens the store (migrating its schema), records the node and starts
     /// its heartbeat and uploader on the current tokio runtime.
     pub async fn start(config: ClusterConfig, engine: Engine) -> Result<Arc<Node>, ClusterError> {
+        let forwarder = Forwarder::new(&config.node_id, config.token.clone())?;
         let store = Store::open(&config.store).await?;
         directory::join(&store, &config.node_id, &config.advertise_url).await?;
         let node = Arc::new(Node {
@@ -73,6 +76,7 @@ impl Node {
             tasks: Mutex::default(),
             taking_over: tokio::sync::Mutex::new(()),
             store_reachable: AtomicBool::new(true),
+            forwarder,
         });
         let heartbeat = tokio::spawn(every_heartbeat(Arc::downgrade(&node), |node| {
             Box::pin(async move { node.heartbeat().await })
@@ -93,6 +97,11 @@ impl Node {
     /// The shared store.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// What sends requests on to the nodes that hold their sessions.
+    pub fn forwarder(&self) -> &Forwarder {
+        &self.forwarder
     }
 
     fn lock_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Holding>> {

@@ -82,8 +82,25 @@ impl Dispatcher {
     }
 
     /// Runs `method` with `params` for `caller`. Notifications a streaming execution
-    /// produces go to `out` before this returns.
+    /// produces go to `out` before this returns. With `[cluster]`, a call for a session
+    /// another live node holds is sent on to that node.
     pub async fn call(
+        &self,
+        caller: &Caller,
+        method: &str,
+        params: Option<Value>,
+        out: &Outbound,
+    ) -> Result<Box<RawValue>, RpcError> {
+        let copy = self.forwardable(caller, method, &params);
+        let answer = self.call_here(caller, method, params, out).await;
+        match (answer, copy) {
+            (Err(err), Some(copy)) => self.forward(caller, method, copy, err).await,
+            (answer, _) => answer,
+        }
+    }
+
+    /// [`Dispatcher::call`] on this node's engine.
+    async fn call_here(
         &self,
         caller: &Caller,
         method: &str,

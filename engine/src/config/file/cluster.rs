@@ -158,6 +158,7 @@ impl ClusterSettings {
             node_id,
             advertise_url,
             lease_ttl: Duration::from_secs_f64(self.lease_ttl_s),
+            token: None,
         }))
     }
 }

@@ -5,9 +5,14 @@
 
 use std::sync::Arc;
 
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
 use super::{Dispatcher, Scope};
+use crate::cluster::forward::Forwarder;
 use crate::cluster::status::status;
 use crate::cluster::{ClusterStatus, Node};
+use crate::rpc::caller::Caller;
 use crate::rpc::errors::{code, RpcError};
 use crate::{EngineError, ExecutionResult, Session, SupervisorError};
 
@@ -77,6 +82,52 @@ impl Dispatcher {
     /// Whether the cluster's store answered the last heartbeat; true without a cluster.
     pub fn store_reachable(&self) -> bool {
         self.cluster.get().is_none_or(|node| node.store_reachable())
+    }
+
+    /// The params of a call that may be forwarded if another node holds its session, kept
+    /// before the call consumes them; `None` for a call that is never forwarded.
+    pub(super) fn forwardable(
+        &self,
+        caller: &Caller,
+        method: &str,
+        params: &Option<Value>,
+    ) -> Option<Map<String, Value>> {
+        let forwarding = self.cluster.get().is_some() && !caller.forwarded();
+        match params {
+            Some(Value::Object(params)) if forwarding && Forwarder::forwards(method) => {
+                Some(params.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Sends a call that failed with `err` on to the node holding its session, when `err`
+    /// names a live holder; otherwise, or when that node cannot be reached, `err` stands.
+    pub(super) async fn forward(
+        &self,
+        caller: &Caller,
+        method: &str,
+        params: Map<String, Value>,
+        err: RpcError,
+    ) -> Result<Box<RawValue>, RpcError> {
+        let url = (err.data.as_ref())
+            .filter(|_| err.code == code::HELD_ELSEWHERE)
+            .and_then(|data| data.get("advertise_url"))
+            .and_then(Value::as_str)
+            .filter(|url| !url.is_empty());
+        let (Some(url), Some(node)) = (url, self.cluster.get()) else {
+            return Err(err);
+        };
+        // The owner the caller is confined to goes along, so the holder applies the same rule.
+        let owner = caller.scope(params.get("owner").and_then(Value::as_str))?;
+        match node
+            .forwarder()
+            .forward(url, method, params, owner.as_deref())
+            .await
+        {
+            Some(answer) => answer,
+            None => Err(err),
+        }
     }
 
     /// `cluster.status`, for admins who reach every session (it counts every owner's).
