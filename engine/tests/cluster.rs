@@ -69,15 +69,31 @@ async fn an_unreachable_store_is_a_clear_error() {
     }
 }
 
-/// A local checkpoint store with one checkpoint of `key` holding `payload`.
-fn local_store(dir: &Path, key: &str, payload: &[u8]) -> CheckpointStore {
-    let store = CheckpointStore::open(CheckpointStoreConfig::new(dir)).expect("open a store");
+/// Uploads, as `node_id` under `epoch`, a checkpoint of session `s-1` holding `payload`,
+/// taken after 3 executions of an engine that took the session over after `base`.
+async fn upload(
+    store: &Store,
+    node_id: &str,
+    epoch: i64,
+    payload: &[u8],
+    base: u64,
+) -> Result<checkpoints::Uploaded, ClusterError> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let local = CheckpointStore::open(CheckpointStoreConfig::new(dir.path())).expect("a store");
     let meta = CheckpointMeta {
         execution_count: 3,
         ..CheckpointMeta::default()
     };
-    store.save(key, &meta, payload).expect("save a checkpoint");
-    store
+    let saved = local
+        .save("id:s-1", &meta, payload)
+        .expect("save a checkpoint");
+    let writer = Writer {
+        session_id: "s-1",
+        key: "id:s-1",
+        node_id,
+        epoch,
+    };
+    checkpoints::upload(store, &local, writer, saved.id, base).await
 }
 
 #[tokio::test]
@@ -127,16 +143,7 @@ async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
     assert!(renewed.is_empty(), "node A no longer holds s-1");
 
     // ...and its checkpoint, written under epoch 1, is refused.
-    let dir = tempfile::tempdir().expect("temp dir");
-    let local = local_store(dir.path(), "id:s-1", b"stale state of node A");
-    let newest = local.list("id:s-1").unwrap()[0].id;
-    let stale = Writer {
-        session_id: "s-1",
-        key: "id:s-1",
-        node_id: "node-a",
-        epoch: epoch_a,
-    };
-    match checkpoints::upload(&store, &local, stale, newest, 0).await {
+    match upload(&store, "node-a", epoch_a, b"stale state of node A", 0).await {
         Err(ClusterError::Fenced { epoch, .. }) => assert_eq!(epoch, 1),
         other => panic!("a stale write must be fenced, got {other:?}"),
     }
@@ -155,16 +162,7 @@ async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
     assert!(directory::is_fenced(&raw), "{raw}");
 
     // The new holder writes under epoch 2, and that is what a later claim restores.
-    let dir_b = tempfile::tempdir().expect("temp dir");
-    let local_b = local_store(dir_b.path(), "id:s-1", b"state of node B");
-    let newest_b = local_b.list("id:s-1").unwrap()[0].id;
-    let fresh = Writer {
-        session_id: "s-1",
-        key: "id:s-1",
-        node_id: "node-b",
-        epoch: claim.epoch,
-    };
-    checkpoints::upload(&store, &local_b, fresh, newest_b, 10)
+    upload(&store, "node-b", claim.epoch, b"state of node B", 10)
         .await
         .expect("the holder's write is taken");
     let dir_c = tempfile::tempdir().expect("temp dir");
@@ -209,6 +207,65 @@ fn advertised_node_config(
     path
 }
 
+/// A session of alice's on `node` that ran `code`, and the id of the checkpoint of it that
+/// the node has uploaded to the store `store` connects to.
+async fn checkpointed_session(
+    node: &Daemon,
+    store: &tokio_postgres::Client,
+    code: &str,
+) -> (String, String) {
+    let mut conn = node.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    let ran = execute(node, &session, "alice", code).await;
+    assert_eq!(ran["result"]["status"], "ok", "{ran}");
+    let taken = conn
+        .call("session.checkpoint", json!({"session_id": session}))
+        .await;
+    let checkpoint = taken["checkpoint_id"].as_str().expect("an id").to_owned();
+    until("the node uploaded the checkpoint", || async {
+        let row = store
+            .query_opt(
+                "SELECT checkpoint_id FROM pyvisor_checkpoints WHERE session_id = $1",
+                &[&session],
+            )
+            .await
+            .expect("query the store");
+        row.is_some_and(|row| row.get::<_, String>(0) == checkpoint)
+    })
+    .await;
+    (session, checkpoint)
+}
+
+/// Runs `code` in alice's `session` on `node` until the answer is not `-32008`: the lease of
+/// the node that held the session ran out, and `node` took it over. That answer.
+async fn execute_once_free(node: &Daemon, session: &str, code: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = execute(node, session, "alice", code).await;
+        if answer["error"]["code"] != -32008 {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lease never ran out: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Nodes `node-a` and `node-b` of the store `db`, their homes under `homes`.
+async fn two_nodes(db: &postgres::Database, homes: &Path) -> (Daemon, Daemon) {
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b"] {
+        let home = homes.join(id);
+        let config = node_config(&home, db, id);
+        nodes.push(Daemon::start_in(&home, &["--config", config.to_str().unwrap()], &[]).await);
+    }
+    let node_b = nodes.pop().expect("two nodes");
+    (nodes.pop().expect("two nodes"), node_b)
+}
+
 /// `session.execute` of `code` in `session` for `owner`, as the whole response.
 async fn execute(daemon: &Daemon, session: &str, owner: &str, code: &str) -> Value {
     let mut conn = daemon.connect().await;
@@ -220,42 +277,10 @@ async fn execute(daemon: &Daemon, session: &str, owner: &str, code: &str) -> Val
 async fn a_session_of_a_killed_node_comes_back_on_another_with_its_state() {
     let db = postgres::database().await;
     let homes = tempfile::tempdir().expect("temp dir");
-    let (home_a, home_b) = (homes.path().join("a"), homes.path().join("b"));
-    let config_a = node_config(&home_a, &db, "node-a");
-    let config_b = node_config(&home_b, &db, "node-b");
-    let mut node_a =
-        Daemon::start_in(&home_a, &["--config", config_a.to_str().unwrap()], &[]).await;
-    let node_b = Daemon::start_in(&home_b, &["--config", config_b.to_str().unwrap()], &[]).await;
+    let (mut node_a, node_b) = two_nodes(&db, homes.path()).await;
 
-    let mut conn = node_a.connect().await;
-    let created = conn.call("session.create", json!({"owner": "alice"})).await;
-    let session = created["session_id"].as_str().expect("an id").to_owned();
-    let first = conn
-        .call(
-            "session.execute",
-            json!({"session_id": session, "code": "x = 41"}),
-        )
-        .await;
-    assert_eq!(first["status"], "ok", "{first}");
-    let taken = conn
-        .call("session.checkpoint", json!({"session_id": session}))
-        .await;
-    let checkpoint = taken["checkpoint_id"]
-        .as_str()
-        .expect("a checkpoint id")
-        .to_owned();
     let store = db.connect().await;
-    until("node A uploaded the checkpoint", || async {
-        let row = store
-            .query_opt(
-                "SELECT checkpoint_id FROM pyvisor_checkpoints WHERE session_id = $1",
-                &[&session],
-            )
-            .await
-            .expect("query the store");
-        row.is_some_and(|row| row.get::<_, String>(0) == checkpoint)
-    })
-    .await;
+    let (session, checkpoint) = checkpointed_session(&node_a, &store, "x = 41").await;
 
     // While node A lives, node B does not take its session.
     let held = execute(&node_b, &session, "alice", "x").await;
@@ -270,18 +295,7 @@ async fn a_session_of_a_killed_node_comes_back_on_another_with_its_state() {
     assert_eq!(foreign["error"]["code"], -32001, "{foreign}");
 
     // Node A's lease runs out; the session's next request on node B claims it.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let answer = loop {
-        let answer = execute(&node_b, &session, "alice", "x + 1").await;
-        if answer["error"]["code"] != -32008 {
-            break answer;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node A's lease never ran out: {answer}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let answer = execute_once_free(&node_b, &session, "x + 1").await;
     let result = &answer["result"];
     assert_eq!(result["status"], "ok", "{answer}\n{}", node_b.log());
     assert_eq!(
@@ -423,44 +437,12 @@ async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
 async fn a_node_paused_past_its_lease_gives_the_session_up_when_it_wakes() {
     let db = postgres::database().await;
     let homes = tempfile::tempdir().expect("temp dir");
-    let (home_a, home_b) = (homes.path().join("a"), homes.path().join("b"));
-    let config_a = node_config(&home_a, &db, "node-a");
-    let config_b = node_config(&home_b, &db, "node-b");
-    let node_a = Daemon::start_in(&home_a, &["--config", config_a.to_str().unwrap()], &[]).await;
-    let node_b = Daemon::start_in(&home_b, &["--config", config_b.to_str().unwrap()], &[]).await;
-    let mut conn = node_a.connect().await;
-    let created = conn.call("session.create", json!({"owner": "alice"})).await;
-    let session = created["session_id"].as_str().expect("an id").to_owned();
-    let set = execute(&node_a, &session, "alice", "x = 41").await;
-    assert_eq!(set["result"]["status"], "ok", "{set}");
-    conn.call("session.checkpoint", json!({"session_id": session}))
-        .await;
+    let (node_a, node_b) = two_nodes(&db, homes.path()).await;
     let store = db.connect().await;
-    until("node A uploaded a checkpoint", || async {
-        let row = store
-            .query_opt(
-                "SELECT 1 FROM pyvisor_checkpoints WHERE session_id = $1",
-                &[&session],
-            )
-            .await
-            .expect("query the store");
-        row.is_some()
-    })
-    .await;
+    let (session, _) = checkpointed_session(&node_a, &store, "x = 41").await;
 
     node_a.signal(nix::sys::signal::Signal::SIGSTOP);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let taken = loop {
-        let answer = execute(&node_b, &session, "alice", "x = x + 1; x").await;
-        if answer["error"]["code"] != -32008 {
-            break answer;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node B never took over: {answer}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let taken = execute_once_free(&node_b, &session, "x = x + 1; x").await;
     assert_eq!(taken["result"]["result"]["repr"], "42", "{taken}");
     node_a.signal(nix::sys::signal::Signal::SIGCONT);
 
