@@ -367,7 +367,16 @@ impl Handler<CreateSession> for RegistryActor {
         }
         if let Some(name) = options.name.clone() {
             if let Some(existing) = self.registry.named(options.owner.as_deref(), &name) {
-                return Box::pin(fut::ready(Ok(attach(existing))));
+                // A session taken over must never be answered by another one of its name.
+                let answer = match &options.take_over {
+                    Some(id) => Err(SupervisorError::NameTaken {
+                        session_id: id.clone(),
+                        name,
+                        other: existing.session_id.clone(),
+                    }),
+                    None => Ok(attach(existing)),
+                };
+                return Box::pin(fut::ready(answer));
             }
             let name = (options.owner.clone(), name);
             if let Some(waiting) = self.creating.get_mut(&name) {
