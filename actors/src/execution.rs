@@ -180,6 +180,10 @@ pub struct ExecutionResult {
     /// repeat (docs/protocol.md `insights`).
     #[serde(default)]
     pub insights: Vec<Insight>,
+    /// The cluster node that ran it (docs/cluster.md); `None` on a single node, and left
+    /// out of the JSON then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// What a session got back after its worker died (docs/protocol.md `recovered`).

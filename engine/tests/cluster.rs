@@ -302,6 +302,7 @@ async fn a_session_of_a_killed_node_comes_back_on_another_with_its_state() {
         result["result"]["repr"], "42",
         "the state of node A came back"
     );
+    assert_eq!(result["node"], "node-b", "{answer}");
     let recovered = &result["recovered"];
     assert_eq!(recovered["from_node"], "node-a", "{recovered}");
     assert_eq!(
@@ -508,6 +509,7 @@ async fn a_request_at_the_wrong_node_is_forwarded_to_the_holder() {
     let result = &there["result"];
     assert_eq!(result["result"]["repr"], "42", "{there}");
     assert_eq!(result["stdout"], "on A\n", "{there}");
+    assert_eq!(result["node"], "node-a", "the holder answered: {there}");
     assert!(
         result["recovered"].is_null(),
         "nothing was recovered: {there}"

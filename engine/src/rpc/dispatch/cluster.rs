@@ -147,13 +147,14 @@ impl Dispatcher {
         Ok(status(node.store()).await?)
     }
 
-    /// Notes a result's execution count for the heartbeat, and gives the first result of a
-    /// session taken over what it came back with.
+    /// Notes a result's execution count for the heartbeat, says which node ran it, and gives
+    /// the first result of a session taken over what it came back with.
     pub(super) fn note_result(&self, session_id: &str, result: &mut ExecutionResult) {
         let Some(node) = self.cluster.get() else {
             return;
         };
         node.executed(session_id, result.execution_count);
+        result.node = Some(node.node_id().to_owned());
         if let Some(recovered) = node.take_recovered(session_id) {
             // A crash of the new worker says more than where the session came from.
             result.recovered.get_or_insert(recovered);
