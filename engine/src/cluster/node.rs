@@ -55,6 +55,9 @@ struct Holding {
     count: u64,
     /// The local checkpoint last uploaded (its sequence).
     uploaded: Option<u64>,
+    /// The store's checkpoint is on its way into the local store: nothing local is newer
+    /// than it, so nothing is uploaded meanwhile.
+    restoring: bool,
     /// Until when this node can prove it holds the session, by its own clock: the lease's
     /// length after the last renewal was sent, never later than the store's expiry.
     valid_until: Instant,
@@ -142,6 +145,7 @@ impl Node {
                 base: 0,
                 count: 0,
                 uploaded: None,
+                restoring: false,
                 valid_until,
             },
         );
@@ -240,25 +244,39 @@ impl Node {
             };
         };
         let key = StateSetup::key_for(entry.owner.as_deref(), entry.name.as_deref(), session_id);
-        let downloaded = match self.engine.checkpoint_store() {
-            Some((local, scratch)) => {
-                checkpoints::download(&self.store, local, scratch, session_id, &key).await?
-            }
-            None => None,
-        };
-        // Registered before the engine starts it, so the heartbeat renews the new lease.
-        let base = downloaded.as_ref().map_or(0, |d| d.execution_count);
+        // Held from the claim on, so the heartbeat renews the new lease while a large
+        // checkpoint comes down.
         self.lock_held().insert(
             session_id.to_owned(),
             Holding {
                 epoch: claim.epoch,
-                key,
-                base,
+                key: key.clone(),
+                base: 0,
                 count: 0,
-                uploaded: downloaded.as_ref().map(|d| d.local_id.sequence()),
+                uploaded: None,
+                restoring: true,
                 valid_until: claiming + self.config.lease_ttl,
             },
         );
+        let downloaded = match self.engine.checkpoint_store() {
+            Some((local, scratch)) => {
+                checkpoints::download(&self.store, local, scratch, session_id, &key).await
+            }
+            None => Ok(None),
+        };
+        let downloaded = match downloaded {
+            Ok(downloaded) => downloaded,
+            Err(err) => {
+                self.lock_held().remove(session_id);
+                return Err(err);
+            }
+        };
+        let base = downloaded.as_ref().map_or(0, |d| d.execution_count);
+        if let Some(holding) = self.lock_held().get_mut(session_id) {
+            holding.base = base;
+            holding.uploaded = downloaded.as_ref().map(|d| d.local_id.sequence());
+            holding.restoring = false;
+        }
         let options = SessionOptions {
             name: entry.name.clone(),
             owner: entry.owner.clone(),
@@ -272,6 +290,17 @@ impl Node {
                 return Err(err.into());
             }
         };
+        let still_held = self.lock_held().get(session_id).map(|h| h.epoch) == Some(claim.epoch);
+        if !still_held {
+            // Another node claimed it while it was restored here.
+            if let Err(err) = session.close().await {
+                tracing::warn!(session = session_id, error = %err, "cannot close a lost session");
+            }
+            return Err(ClusterError::Fenced {
+                session_id: session_id.to_owned(),
+                epoch: claim.epoch,
+            });
+        }
         let reported = u64::try_from(claim.execution_count).unwrap_or(0);
         let recovered = Recovered {
             checkpoint_id: downloaded.as_ref().map(|d| d.checkpoint_id.clone()),
@@ -353,7 +382,9 @@ impl Node {
                 .ok()
                 .and_then(Result::ok)
                 .and_then(|list| list.into_iter().next());
-            let Some(newest) = newest else { continue };
+            let Some(newest) = newest.filter(|_| !holding.restoring) else {
+                continue;
+            };
             if holding.uploaded == Some(newest.id.sequence()) {
                 continue;
             }
