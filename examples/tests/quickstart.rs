@@ -4,7 +4,10 @@ use std::process::Command;
 
 #[test]
 fn quickstart_runs_from_a_plain_tokio_main() {
+    // Its own state directory: the default one is locked by any engine already running here.
+    let state = tempfile::tempdir().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_quickstart"))
+        .env("XDG_STATE_HOME", state.path())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
