@@ -15,6 +15,7 @@ mod window;
 pub use client::{ChatMessage, ChatRequest, Completion, LlmClient, LlmError, Usage};
 pub(crate) use dispatch::{texts, Dispatcher};
 pub use openai::OpenAiClient;
+pub(crate) use stats::LlmCounters;
 pub use stats::LlmStats;
-pub(crate) use stats::{describe, LlmCounters};
-pub(crate) use window::BatchWindow;
+#[cfg(feature = "server")]
+pub(crate) use {stats::describe, window::BatchWindow};

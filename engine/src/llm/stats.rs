@@ -94,6 +94,7 @@ impl LlmCounters {
 }
 
 /// Describes the `pyvisor_llm_*` metrics to the installed recorder.
+#[cfg(feature = "server")]
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(CALLS_TOTAL, "LLM completions requested, by model and kind.");
