@@ -20,6 +20,7 @@ use super::{host_error, SessionActor, State};
 use crate::execution::{DisplayData, ExecutionStatus, OutputStream};
 use crate::proactive::cache::{CacheEntry, Take};
 use crate::proactive::predict::normalise;
+use crate::worker::is_running;
 
 /// How the running execution gets its answer.
 #[derive(Debug, Default)]
@@ -106,7 +107,7 @@ impl SessionActor {
         let sent = match &self.worker {
             // Killed before the session noticed: its exit is on the way, and the code goes
             // to the next worker then instead of dying with this one.
-            Some(worker) if worker.has_exited() => {
+            Some(worker) if !is_running(worker.pid()) => {
                 running.unsent = true;
                 return;
             }

@@ -9,7 +9,7 @@
 //! so it names that process even if its pid is reused later.
 
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
@@ -26,39 +26,6 @@ pub fn is_running(pid: u32) -> bool {
         stat.rsplit_once(") ")
             .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
     })
-}
-
-/// A cheap, synchronous answer to "has this worker exited?", asked before every execution is
-/// sent: one `poll` of a pidfd opened while the worker was known to be alive, where reading
-/// `/proc/PID/stat` costs an open, a read and a close of a file the kernel formats.
-#[derive(Debug)]
-pub(crate) struct Liveness {
-    /// `None` where the kernel has no pidfd (before 5.3): then `/proc` is read.
-    pidfd: Option<OwnedFd>,
-    pid: u32,
-}
-
-impl Liveness {
-    /// Watches `pid`, which must be running now.
-    pub(crate) fn of(pid: u32) -> Self {
-        Self {
-            pidfd: pidfd_open(pid).ok(),
-            pid,
-        }
-    }
-
-    /// Whether the process has exited (a zombie counts as exited).
-    pub(crate) fn exited(&self) -> bool {
-        let Some(pidfd) = &self.pidfd else {
-            return !is_running(self.pid);
-        };
-        let mut fds = [nix::poll::PollFd::new(
-            pidfd.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        // A pidfd polls readable once its process has exited; an error says nothing.
-        nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).is_ok_and(|ready| ready > 0)
-    }
 }
 
 /// The entries of `base` whose name, read by `pid_of`, names a process that no longer
@@ -165,28 +132,5 @@ mod tests {
         assert_eq!(left, vec![base.path().join(format!("{dead}-a"))]);
         assert!(is_running(alive));
         assert!(!is_running(dead));
-    }
-
-    #[test]
-    fn liveness_sees_an_exit_before_anyone_reaps_the_process() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("600")
-            .spawn()
-            .expect("spawn sleep");
-        let liveness = Liveness::of(child.id());
-        assert!(liveness.pidfd.is_some(), "this kernel has pidfds");
-        assert!(!liveness.exited());
-        child.kill().expect("kill sleep");
-        // Not reaped yet: a zombie, which /proc still lists, has exited all the same.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !liveness.exited() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the exit was never seen"
-            );
-            std::thread::yield_now();
-        }
-        child.wait().expect("reap sleep");
-        assert!(liveness.exited());
     }
 }

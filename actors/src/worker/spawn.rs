@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 
 use super::cgroup::{CgroupLeaf, CgroupLimits, CgroupManager, CgroupMechanism};
 use super::child::{child_command, ChildPlan, RlimitPlan};
-use super::exit::{ExitSource, Liveness};
+use super::exit::ExitSource;
 use super::janitor::Janitor;
 use super::output::Utf8Chunker;
 use super::pump::{pump, PumpPipes, WorkerEvent};
@@ -113,7 +113,6 @@ pub struct Worker {
     pub containment: &'static str,
     /// Whether the process was spawned or forked by the zygote.
     pub origin: WorkerOrigin,
-    liveness: Liveness,
     /// The worker's cgroup; dropping it kills whatever is left in it.
     leaf: Option<CgroupLeaf>,
     /// The worker's uid and directories; dropping it sweeps the uid and removes them.
@@ -153,11 +152,6 @@ impl Worker {
     /// Process id of the worker (also its process group id).
     pub fn pid(&self) -> u32 {
         self.info.pid
-    }
-
-    /// Whether the process has exited, although its exit event may not have been seen yet.
-    pub fn has_exited(&self) -> bool {
-        self.liveness.exited()
     }
 
     /// Asks the worker to interrupt the execution `execution_id`: `KeyboardInterrupt` in its
@@ -244,7 +238,6 @@ async fn handshake(
     let hello = tokio::time::timeout(spec.handshake_timeout, wait_for_hello(&mut events));
     match hello.await {
         Ok(Ok(info)) => Ok(Worker {
-            liveness: Liveness::of(info.pid),
             info,
             writer,
             events,
