@@ -155,7 +155,6 @@ impl Running {
             recovered: self.recovered,
             warnings: self.warnings,
             insights: self.insights,
-            node: None,
         };
         let _ = self
             .events

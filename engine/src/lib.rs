@@ -70,8 +70,6 @@
 
 #[cfg(feature = "client")]
 pub mod client;
-#[cfg(feature = "server")]
-pub mod cluster;
 pub mod config;
 mod engine;
 pub mod errors;

@@ -274,7 +274,6 @@ impl Queued {
             recovered,
             warnings: Vec::new(),
             insights: Vec::new(),
-            node: None,
         };
         let _ = self
             .events
