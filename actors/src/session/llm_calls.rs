@@ -1,7 +1,7 @@
 //! The LLM calls of a session's code: each [`WorkerMessage::LlmCall`] goes to the session's
 //! [`LlmBridge`] (the engine's, a task's, or, in a session whose client answers its calls,
-//! the one the running execution's request carries) on a future of the actor, and its answer back to the worker as an
-//! `llm_reply`. A call lives only as long as the execution that made it: when the execution
+//! the one the running execution's request carries) on a future of the actor, and its answer
+//! back to the worker as an `llm_reply`. A call lives only as long as the execution that made it: when the execution
 //! ends (finished, interrupted, timed out, crashed) the calls still pending are cancelled,
 //! which drops their requests, and the threads that wait for them get an `LlmError`.
 //!
@@ -50,14 +50,13 @@ impl SessionActor {
             let refusal = "this session has no LLM bridge (create it with llm: true)";
             return self.llm_reply(call, Err(llm_error(refusal)));
         };
-        let State::Busy(running) = &self.state else {
-            let refusal = "no execution of this session is running";
-            return self.llm_reply(call, Err(llm_error(refusal)));
+        let running = match &self.state {
+            State::Busy(running) if running.ticket.execution_id == frame.execution_id => running,
+            _ => {
+                let refusal = "no execution of this session is running";
+                return self.llm_reply(call, Err(llm_error(refusal)));
+            }
         };
-        if running.ticket.execution_id != frame.execution_id {
-            let refusal = "no execution of this session is running";
-            return self.llm_reply(call, Err(llm_error(refusal)));
-        }
         let bridge = match (link.bridge, &running.request.llm) {
             (Some(bridge), _) => bridge,
             (None, Some(answerer)) => answerer.0.clone(),
