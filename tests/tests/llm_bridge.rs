@@ -332,21 +332,33 @@ async fn a_flood_from_one_session_is_bounded_and_leaves_another_served() {
     assert_eq!(engine.stats().await.unwrap().llm.unwrap().refused, 17);
 }
 
+/// An engine config whose sessions a later engine with the same config restores: a state
+/// directory of its own, checkpoints taken only when asked, and `llm` as the engine's bridge.
+fn restorable(llm: Option<LlmConfig>) -> EngineConfig {
+    let mut config = EngineConfig::default();
+    config.pool.min_idle = 1;
+    config.llm = llm;
+    config.state = pyvisor::StateConfig {
+        dir: Some(pyvisor_tests::state_dir()),
+        ..pyvisor_tests::manual_checkpoints()
+    };
+    config
+}
+
+/// Shuts `first` down and starts a second engine with `config` (and so its state directory).
+async fn restarted(first: Engine, config: EngineConfig) -> Engine {
+    within(first.shutdown(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    drop(first);
+    engine_with(config).await
+}
+
 #[tokio::test]
 async fn a_named_session_restored_from_disk_keeps_its_bridge() {
     let server = FakeLlm::start(|call| Reply::text(format!("echo: {}", call.last())));
-    let dir = pyvisor_tests::state_dir();
-    let engine_in = |dir: std::path::PathBuf| {
-        let mut config = EngineConfig::default();
-        config.pool.min_idle = 1;
-        config.llm = Some(LlmConfig::new(&server.url, "fake-1"));
-        config.state = pyvisor::StateConfig {
-            dir: Some(dir),
-            ..pyvisor_tests::manual_checkpoints()
-        };
-        engine_with(config)
-    };
-    let first = engine_in(dir.clone()).await;
+    let config = restorable(Some(LlmConfig::new(&server.url, "fake-1")));
+    let first = engine_with(config.clone()).await;
     for (name, llm) in [("agent", true), ("plain", false)] {
         let options = SessionOptions {
             name: Some(name.into()),
@@ -356,12 +368,7 @@ async fn a_named_session_restored_from_disk_keeps_its_bridge() {
         let session = first.create_session(options).await.unwrap();
         run(&session, "x = 1").await;
     }
-    within(first.shutdown(Duration::from_secs(5)))
-        .await
-        .unwrap();
-    drop(first);
-
-    let second = engine_in(dir).await;
+    let second = restarted(first, config).await;
     let back = second.session("agent", None).await.unwrap();
     assert!(back.restored());
     assert_eq!(value(&back, "llm_query('again')").await, "'echo: again'");
@@ -397,18 +404,9 @@ fn answered_by(who: &'static str, code: &str) -> ExecuteRequest {
 #[tokio::test]
 async fn a_session_whose_client_answers_asks_the_one_that_runs_each_execution_even_after_a_restore()
 {
-    let dir = pyvisor_tests::state_dir();
     // No [llm]: the client-answered bridge needs no endpoint.
-    let engine_in = |dir: std::path::PathBuf| {
-        let mut config = EngineConfig::default();
-        config.pool.min_idle = 1;
-        config.state = pyvisor::StateConfig {
-            dir: Some(dir),
-            ..pyvisor_tests::manual_checkpoints()
-        };
-        engine_with(config)
-    };
-    let first = engine_in(dir.clone()).await;
+    let config = restorable(None);
+    let first = engine_with(config.clone()).await;
     let options = SessionOptions {
         name: Some("agent".into()),
         llm_by_client: true,
@@ -436,12 +434,7 @@ async fn a_session_whose_client_answers_asks_the_one_that_runs_each_execution_ev
     )
     .await;
     assert!(refused.contains("no client to answer"), "{refused}");
-    within(first.shutdown(Duration::from_secs(5)))
-        .await
-        .unwrap();
-    drop(first);
-
-    let second = engine_in(dir).await;
+    let second = restarted(first, config).await;
     let back = second.session("agent", None).await.unwrap();
     assert!(back.restored());
     let ran = back
