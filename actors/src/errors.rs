@@ -115,4 +115,14 @@ pub enum SupervisorError {
     /// The owner already holds as many sessions as `max_sessions_per_owner` allows.
     #[error("create a session for owner {owner:?}: it already holds {limit} sessions, the most one owner may hold (limits.max_sessions_per_owner)")]
     TooManySessions { owner: String, limit: usize },
+    /// A session taken over from another engine has a name that a different live session
+    /// of the same owner has on this one.
+    #[error(
+        "take over session {session_id}: its name {name:?} is another session's here ({other})"
+    )]
+    NameTaken {
+        session_id: String,
+        name: String,
+        other: String,
+    },
 }

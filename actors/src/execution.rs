@@ -192,6 +192,10 @@ pub struct ExecutionResult {
     /// repeat (docs/protocol.md `insights`).
     #[serde(default)]
     pub insights: Vec<Insight>,
+    /// The cluster node that ran it (docs/cluster.md); `None` on a single node, and left
+    /// out of the JSON then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// What a session got back after its worker died (docs/protocol.md `recovered`).
@@ -206,4 +210,8 @@ pub struct Recovered {
     /// The session's names are all gone: it starts again from an empty namespace.
     #[serde(default)]
     pub fresh_namespace: bool,
+    /// The node that held the session before this one took it over from the cluster's
+    /// store (docs/cluster.md); `None` on a single node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_node: Option<String>,
 }

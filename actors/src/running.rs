@@ -155,6 +155,7 @@ impl Running {
             recovered: self.recovered,
             warnings: self.warnings,
             insights: self.insights,
+            node: None,
         };
         let _ = self
             .events

@@ -176,7 +176,10 @@ impl RegistryActor {
             return Err(SupervisorError::ShuttingDown);
         }
         self.created += 1;
-        let session_id = format!("{}-{}", self.id_prefix, self.created);
+        let session_id = match options.take_over.clone() {
+            Some(id) => id,
+            None => format!("{}-{}", self.id_prefix, self.created),
+        };
         let state = self.config.state.as_ref().map(|state| StateSetup {
             store: state.store.clone(),
             key: StateSetup::key_for(
@@ -290,18 +293,16 @@ fn attach(existing: &SessionHandle) -> SessionHandle {
     }
 }
 
-/// The options kept with the checkpoints of the session `owner` named `name`, when `store`
-/// holds checkpoints of it that an earlier engine left (read on the blocking pool, never on
-/// the actor's thread).
+/// The options kept with the checkpoints of the session whose store key is `key`, when
+/// `store` holds checkpoints of it that an earlier engine (or another node) left (read on the
+/// blocking pool, never on the actor's thread).
 async fn left_on_disk(
     store: Option<CheckpointStore>,
-    owner: Option<String>,
-    name: Option<String>,
+    key: Option<String>,
 ) -> Option<StoredOptions> {
-    let (Some(store), Some(name)) = (store, name) else {
+    let (Some(store), Some(key)) = (store, key) else {
         return None;
     };
-    let key = StateSetup::named_key(owner.as_deref(), &name);
     tokio::task::spawn_blocking(move || {
         let listed = store.list(&key).is_ok_and(|list| !list.is_empty());
         listed.then(|| store.load_options(&key))
@@ -364,9 +365,23 @@ impl Handler<CreateSession> for RegistryActor {
             return Box::pin(fut::ready(Err(SupervisorError::ShuttingDown)));
         }
         let options = msg.options;
+        if let Some(id) = &options.take_over {
+            if let Some(existing) = self.registry.find(id, options.owner.as_deref()) {
+                return Box::pin(fut::ready(Ok(attach(existing))));
+            }
+        }
         if let Some(name) = options.name.clone() {
             if let Some(existing) = self.registry.named(options.owner.as_deref(), &name) {
-                return Box::pin(fut::ready(Ok(attach(existing))));
+                // A session taken over must never be answered by another one of its name.
+                let answer = match &options.take_over {
+                    Some(id) => Err(SupervisorError::NameTaken {
+                        session_id: id.clone(),
+                        name,
+                        other: existing.session_id.clone(),
+                    }),
+                    None => Ok(attach(existing)),
+                };
+                return Box::pin(fut::ready(answer));
             }
             let name = (options.owner.clone(), name);
             if let Some(waiting) = self.creating.get_mut(&name) {
@@ -401,7 +416,12 @@ impl Handler<CreateSession> for RegistryActor {
             slot: Slot::New,
             arbiter: None,
         });
-        let on_disk = left_on_disk(self.store(), options.owner.clone(), options.name.clone());
+        let owner = options.owner.as_deref();
+        let key = match &options.take_over {
+            Some(id) => Some(StateSetup::key_for(owner, options.name.as_deref(), id)),
+            None => (options.name.as_deref()).map(|name| StateSetup::named_key(owner, name)),
+        };
+        let on_disk = left_on_disk(self.store(), key);
         let looked_up = async move {
             let on_disk = on_disk.await;
             (acquire.await, on_disk)
@@ -448,7 +468,8 @@ impl Handler<FindSession> for RegistryActor {
         let unknown = SupervisorError::UnknownSession {
             session: msg.session.clone(),
         };
-        let on_disk = left_on_disk(self.store(), msg.owner.clone(), Some(msg.session.clone()));
+        let key = StateSetup::named_key(msg.owner.as_deref(), &msg.session);
+        let on_disk = left_on_disk(self.store(), Some(key));
         let supervisor = ctx.address();
         Box::pin(async move {
             if on_disk.await.is_none() {

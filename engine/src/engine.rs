@@ -71,6 +71,10 @@ struct EngineInner {
     supervisor: Addr<RegistryActor>,
     /// The installed worker package, for interpreters other than the engine's.
     worker_package: PathBuf,
+    /// The checkpoint store and the scratch directory beside it, when the engine keeps state
+    /// (for the cluster, which copies checkpoints to and from its shared store).
+    #[cfg_attr(not(feature = "server"), expect(dead_code))]
+    state: Option<StateOptions>,
     counters: Arc<EngineCounters>,
     proactive: Arc<ProactiveCounters>,
     /// The memory of outcomes, when it is enabled.
@@ -139,10 +143,11 @@ impl Engine {
             .map_err(|e| EngineError::Start(format!("spawn the engine thread: {e}")))?;
         let thread_id = thread.thread().id();
         match ready_rx.await {
-            Ok(Ok((supervisor, worker_package, memory))) => Ok(Engine {
+            Ok(Ok((supervisor, worker_package, memory, state))) => Ok(Engine {
                 inner: Arc::new(EngineInner {
                     supervisor,
                     worker_package,
+                    state,
                     counters,
                     proactive,
                     memory,
@@ -197,6 +202,13 @@ impl Engine {
             })
             .await??;
         Ok(Session::new(handle))
+    }
+
+    /// The checkpoint store, and a scratch directory on its file system for files the store
+    /// takes in; `None` when the engine keeps no state.
+    #[cfg(feature = "server")]
+    pub(crate) fn checkpoint_store(&self) -> Option<(&CheckpointStore, &Path)> {
+        (self.inner.state.as_ref()).map(|state| (&state.store, state.scratch.as_path()))
     }
 
     /// Every live session, oldest first; with an `owner`, only that owner's.
@@ -304,7 +316,12 @@ impl Engine {
 }
 
 /// What the engine thread hands the [`Engine`] once it runs.
-type Started = (Addr<RegistryActor>, PathBuf, Option<Arc<Memory>>);
+type Started = (
+    Addr<RegistryActor>,
+    PathBuf,
+    Option<Arc<Memory>>,
+    Option<StateOptions>,
+);
 
 /// Body of the engine thread: start the system, serve until shutdown, end every worker.
 fn run_system(
@@ -326,12 +343,13 @@ fn run_system(
     };
     supervisor_config.llm = llm;
     let memory = supervisor_config.memory.clone();
+    let state = supervisor_config.state.clone();
     let system = System::new();
     let handed = memory.clone();
     system.block_on(async move {
         let supervisor = RegistryActor::new(supervisor_config).start();
         if ready
-            .send(Ok((supervisor.clone(), worker_package, handed)))
+            .send(Ok((supervisor.clone(), worker_package, handed, state)))
             .is_err()
         {
             return;

@@ -49,6 +49,55 @@ impl From<actix::MailboxError> for EngineError {
     }
 }
 
+/// Why the cluster's shared store failed a node's request (docs/cluster.md).
+#[cfg(feature = "server")]
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// The store cannot be reached, or a connection to it failed.
+    #[error("reach the cluster store: {0}")]
+    Unreachable(String),
+    /// The store refused or failed a statement.
+    #[error("{what}: {source}")]
+    Store {
+        what: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A schema migration failed; the store is left at the version before it.
+    #[error("migrate the cluster store to version {version}: {source}")]
+    Migrate {
+        version: i32,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The store refused a write made under an epoch that is no longer the session's: another
+    /// node has claimed the session since.
+    #[error("write session {session_id} under epoch {epoch}: another node has claimed it since")]
+    Fenced { session_id: String, epoch: i64 },
+    /// This node cannot renew its lease on the session (the store is unreachable), so it
+    /// can no longer prove it holds it and stops serving it.
+    #[error("serve session {session_id}: its lease ran out and the cluster store cannot renew it")]
+    LeaseExpired { session_id: String },
+    /// Another node that is alive holds the session.
+    #[error("session {session_id} is held by node {node} ({advertise_url})")]
+    HeldElsewhere {
+        session_id: String,
+        node: String,
+        advertise_url: String,
+    },
+    /// A checkpoint could not be moved between the local store and the shared one.
+    #[error("move checkpoint {checkpoint} of session {session_id}: {message}")]
+    Checkpoint {
+        session_id: String,
+        checkpoint: String,
+        message: String,
+    },
+    /// Taking a session over failed in the engine (no worker, the engine stopping).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
 /// Why the configuration could not be loaded; every variant names the file or variable.
 #[cfg(feature = "server")]
 #[derive(Debug, Error)]
@@ -108,6 +157,9 @@ pub enum ServeError {
     /// Signal handlers could not be installed.
     #[error("install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// The node could not join its cluster (`[cluster]`).
+    #[error("join the cluster: {0}")]
+    Cluster(ClusterError),
 }
 
 /// Why a [`crate::client::Client`] call failed.

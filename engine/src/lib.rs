@@ -70,6 +70,8 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+#[cfg(feature = "server")]
+pub mod cluster;
 pub mod config;
 mod engine;
 pub mod errors;

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{http_get, Daemon};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
@@ -213,28 +213,6 @@ async fn systemd_hears_ready_watchdog_pings_and_stopping_and_workers_do_not() {
         .await
         .unwrap();
     assert_eq!(code, Some(0));
-}
-
-/// A plain HTTP/1.1 GET; the status code and the body.
-async fn http_get(port: u16, path: &str, token: Option<&str>) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,6 +37,38 @@ async fn creating_a_session_under_a_taken_name_attaches_to_it() {
 }
 
 #[tokio::test]
+async fn a_session_taken_over_is_never_answered_by_another_of_its_name() {
+    let engine = engine().await;
+    let here = engine
+        .create_session(named("work", Some("alice")))
+        .await
+        .unwrap();
+    let taken_over = SessionOptions {
+        take_over: Some("s-from-another-node-1".into()),
+        ..named("work", Some("alice"))
+    };
+    match engine.create_session(taken_over).await {
+        Err(EngineError::Supervisor(SupervisorError::NameTaken { name, other, .. })) => {
+            assert_eq!(name, "work");
+            assert_eq!(other, here.id());
+        }
+        Err(other) => panic!("expected NameTaken, got {other}"),
+        Ok(session) => panic!("answered by session {}", session.id()),
+    }
+    // Without a clash the session keeps the id it had, and a second take-over finds it.
+    let options = SessionOptions {
+        take_over: Some("s-from-another-node-2".into()),
+        ..named("play", Some("alice"))
+    };
+    let taken = engine.create_session(options.clone()).await.unwrap();
+    assert_eq!(taken.id(), "s-from-another-node-2");
+    run(&taken, "x = 1").await;
+    let again = engine.create_session(options).await.unwrap();
+    assert!(again.attached());
+    assert_eq!(run(&again, "x").await.result.unwrap().repr, "1");
+}
+
+#[tokio::test]
 async fn concurrent_creates_of_one_name_make_one_session() {
     let engine = engine().await;
     let creates = (0..6).map(|_| engine.create_session(named("shared", None)));

@@ -112,6 +112,7 @@ impl Ledger {
                 checkpoint_id: Some(last.id.to_string()),
                 lost_executions: started.saturating_sub(last.execution_count),
                 fresh_namespace: false,
+                from_node: None,
             },
             None => self.fresh(started),
         }
@@ -130,6 +131,7 @@ impl Ledger {
             checkpoint_id: None,
             lost_executions,
             fresh_namespace: true,
+            from_node: None,
         }
     }
 

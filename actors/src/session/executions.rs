@@ -274,6 +274,7 @@ impl Queued {
             recovered,
             warnings: Vec::new(),
             insights: Vec::new(),
+            node: None,
         };
         let _ = self
             .events

@@ -134,6 +134,11 @@ pub struct SessionOptions {
     /// The session's code gets `llm_query` and its kin, answered by the client that started
     /// the running execution ([`crate::ExecuteRequest::llm`]) instead of by the engine.
     pub llm_by_client: bool,
+    /// The id of a session this engine takes over from another engine that shared its
+    /// checkpoints (a cluster's failover): the session keeps that id instead of getting a new
+    /// one, and restores the newest checkpoint its key has in the store before it runs
+    /// anything. A live session with that id is returned as it is.
+    pub take_over: Option<String>,
 }
 
 /// A Python interpreter other than the engine's, with the worker package it runs.

@@ -80,6 +80,21 @@ pub async fn run(args: ServeArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
+    let cluster = settings
+        .cluster
+        .resolve(settings.http_addr().map(|addr| addr.to_string()), |var| {
+            std::env::var(var).ok()
+        });
+    let cluster = match cluster {
+        Ok(cluster) => cluster.map(|mut cluster| {
+            cluster.token = settings.token().map(str::to_owned);
+            cluster
+        }),
+        Err((key, message)) => {
+            eprintln!("pyvisor: {key}: {message}");
+            return EXIT_USAGE;
+        }
+    };
     let engine = settings.engine_config();
     // Session code runs under these uids: it never speaks to the daemon.
     socket_access.refused_uids = engine.sandbox.uid_range.clone();
@@ -102,6 +117,7 @@ pub async fn run(args: ServeArgs) -> u8 {
             access: http_access,
         }),
         limit_ceilings: settings.limits.max.clone(),
+        cluster,
     };
     // SIGHUP reads the file found at start again (or searches again if there was none).
     let config = args.config.or(loaded.source);

@@ -1,5 +1,5 @@
 //! The daemon's configuration file (docs/config.md): the TOML sections `[server]`, `[engine]`,
-//! `[pool]`, `[limits]`, `[state]` and the others of docs/config.md, where the file is looked for, and the
+//! `[pool]`, `[limits]`, `[state]`, `[cluster]` and the others of docs/config.md, where the file is looked for, and the
 //! `PYVISOR_<SECTION>__<KEY>` environment overrides applied on top of it.
 //!
 //! Loading reads the first file of the search order into a `toml::Table`, writes the
@@ -26,12 +26,14 @@ use toml::{Table, Value};
 use super::EngineConfig;
 use crate::errors::ConfigError;
 
+mod cluster;
 mod limits;
 mod llm;
 mod memory;
 mod proactive;
 mod sandbox;
 mod server;
+pub use cluster::ClusterSettings;
 pub use limits::{LimitCeilings, LimitSettings};
 pub use llm::{LlmSettings, ModelSettings};
 pub use memory::MemorySettings;
@@ -66,6 +68,7 @@ pub struct Settings {
     pub sandbox: SandboxSettings,
     pub memory: MemorySettings,
     pub llm: LlmSettings,
+    pub cluster: ClusterSettings,
 }
 
 /// `[engine]`: how workers are started (see [`EngineConfig`]).
@@ -325,6 +328,7 @@ impl Settings {
             sandbox,
             memory,
             llm,
+            cluster,
         } = self;
         if !server.http.is_empty() && super::resolve::http_addr(&server.http).is_none() {
             return Err((
@@ -368,6 +372,7 @@ impl Settings {
         sandbox.validate()?;
         memory.validate()?;
         llm.validate()?;
+        cluster.validate()?;
         Ok(())
     }
 }

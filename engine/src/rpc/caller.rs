@@ -13,6 +13,9 @@ pub struct Caller {
     identity: Identity,
     /// The only session this caller may address (a WebSocket's path), by session id.
     pinned: Option<String>,
+    /// Another node of the cluster sent the request on (docs/cluster.md): it is served
+    /// here or refused, never sent on again.
+    forwarded: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +30,7 @@ impl Caller {
         Self {
             identity: Identity::Admin,
             pinned: None,
+            forwarded: false,
         }
     }
 
@@ -35,6 +39,7 @@ impl Caller {
         Self {
             identity: Identity::Owner(owner.into()),
             pinned: None,
+            forwarded: false,
         }
     }
 
@@ -42,6 +47,18 @@ impl Caller {
     pub fn pinned_to(mut self, session_id: impl Into<String>) -> Self {
         self.pinned = Some(session_id.into());
         self
+    }
+
+    /// This caller, as another node of the cluster that forwards a request; only an admin
+    /// (a node presents the admin token) can be one.
+    pub fn forwarded_by_node(mut self) -> Self {
+        self.forwarded = self.is_admin();
+        self
+    }
+
+    /// Whether another node of the cluster sent this request on.
+    pub fn forwarded(&self) -> bool {
+        self.forwarded
     }
 
     /// Whether the caller is an admin.

@@ -7,12 +7,13 @@
 //! handles of sessions found before in `handles`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+mod cluster;
 mod handles;
 mod methods;
 mod report;
@@ -28,7 +29,7 @@ use super::outbound::Outbound;
 use super::params::{decode, decode_or_default, encode, no_params, take_owner};
 use super::task;
 use super::wire::{self, method};
-use crate::{Engine, Session};
+use crate::{Engine, EngineError, Session, SupervisorError};
 
 /// Serves JSON-RPC method calls against one engine. Shared by every connection.
 pub struct Dispatcher {
@@ -42,6 +43,8 @@ pub struct Dispatcher {
     sessions: SessionHandles,
     /// Answers the LLM calls of sessions whose client answers them.
     client_llm: Arc<ClientBridge>,
+    /// The node of the cluster this daemon is part of, with `[cluster]`.
+    cluster: OnceLock<Arc<crate::cluster::Node>>,
 }
 
 impl Dispatcher {
@@ -55,6 +58,7 @@ impl Dispatcher {
             started: Instant::now(),
             stopping: AtomicBool::new(false),
             sessions: SessionHandles::default(),
+            cluster: OnceLock::new(),
         })
     }
 
@@ -83,8 +87,25 @@ impl Dispatcher {
     }
 
     /// Runs `method` with `params` for `caller`. Notifications a streaming execution
-    /// produces go to `out` before this returns.
+    /// produces go to `out` before this returns. With `[cluster]`, a call for a session
+    /// another live node holds is sent on to that node.
     pub async fn call(
+        &self,
+        caller: &Caller,
+        method: &str,
+        params: Option<Value>,
+        out: &Outbound,
+    ) -> Result<Box<RawValue>, RpcError> {
+        let copy = self.forwardable(caller, method, &params);
+        let answer = self.call_here(caller, method, params, out).await;
+        match (answer, copy) {
+            (Err(err), Some(copy)) => self.forward(caller, method, copy, err).await,
+            (answer, _) => answer,
+        }
+    }
+
+    /// [`Dispatcher::call`] on this node's engine.
+    async fn call_here(
         &self,
         caller: &Caller,
         method: &str,
@@ -104,7 +125,13 @@ impl Dispatcher {
         };
         match method {
             method::CREATE => encode(self.create(&at, decode_or_default(params)?).await?),
-            method::EXECUTE => encode(self.execute(&at, decode(params)?, out).await?),
+            method::EXECUTE => {
+                let params: wire::ExecuteParams = decode(params)?;
+                let session_id = params.session_id.clone();
+                let mut result = self.execute(&at, params, out).await?;
+                self.note_result(&session_id, &mut result);
+                encode(result)
+            }
             method::INPUT => encode(self.input(&at, decode(params)?).await?),
             method::INTERRUPT => encode(self.interrupt(&at, decode(params)?).await?),
             method::CHECKPOINT => encode(self.checkpoint(&at, decode(params)?).await?),
@@ -154,6 +181,10 @@ impl Dispatcher {
                 no_params(params)?;
                 encode(self.health())
             }
+            method::CLUSTER_STATUS => {
+                no_params(params)?;
+                encode(self.cluster_status(&at).await?)
+            }
             task::RUN | task::CANCEL => {
                 at.unpinned()?;
                 task::call(&self.engine, at.owner(), method, params, out).await
@@ -178,11 +209,20 @@ impl Dispatcher {
         let session = match self.sessions.looked_up(&at.owner, key) {
             Some(session) => session,
             None => {
-                let session = self.engine.session(key, at.owner.as_deref()).await?;
+                let session = match self.engine.session(key, at.owner.as_deref()).await {
+                    Ok(session) => session,
+                    Err(
+                        not_here @ EngineError::Supervisor(SupervisorError::UnknownSession {
+                            ..
+                        }),
+                    ) => self.take_over(key, at.owner(), not_here).await?,
+                    Err(err) => return Err(err.into()),
+                };
                 self.sessions.remember(&at.owner, key, session.clone());
                 session
             }
         };
+        let session = self.held_here(session, key, at.owner()).await?;
         if let Some(pinned) = at.caller.pinned() {
             if session.id() != pinned {
                 return Err(RpcError::invalid_params(format!(

@@ -25,6 +25,8 @@ pub mod code {
     pub const LIMIT_EXCEEDED: i64 = -32005;
     pub const SHUTTING_DOWN: i64 = -32006;
     pub const UNAUTHORIZED: i64 = -32007;
+    /// Another live node of the cluster holds the session (docs/cluster.md).
+    pub const HELD_ELSEWHERE: i64 = -32008;
 }
 
 /// A JSON-RPC error object: what the server sends and what [`crate::client`] returns.
@@ -103,6 +105,29 @@ impl From<&EngineError> for RpcError {
 impl From<EngineError> for RpcError {
     fn from(err: EngineError) -> Self {
         RpcError::from(&err)
+    }
+}
+
+#[cfg(feature = "server")]
+impl From<crate::errors::ClusterError> for RpcError {
+    fn from(err: crate::errors::ClusterError) -> Self {
+        use crate::errors::ClusterError;
+        match err {
+            ClusterError::Engine(err) => RpcError::from(err),
+            ClusterError::HeldElsewhere {
+                ref node,
+                ref advertise_url,
+                ..
+            } => RpcError {
+                code: code::HELD_ELSEWHERE,
+                message: err.to_string(),
+                data: Some(serde_json::json!({"node": node, "advertise_url": advertise_url})),
+            },
+            err @ ClusterError::LeaseExpired { .. } => {
+                RpcError::new(code::HELD_ELSEWHERE, err.to_string())
+            }
+            other => RpcError::new(code::ENGINE_ERROR, other.to_string()),
+        }
     }
 }
 

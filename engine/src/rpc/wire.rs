@@ -527,6 +527,7 @@ pub mod method {
     pub const COMPLETE: &str = "session.complete";
     pub const STATS: &str = "engine.stats";
     pub const HEALTH: &str = "engine.health";
+    pub const CLUSTER_STATUS: &str = "cluster.status";
 }
 
 /// Notification names, as docs/protocol.md spells them.

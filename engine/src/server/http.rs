@@ -320,6 +320,8 @@ fn http_status(code: i64) -> StatusCode {
         }
         code::POOL_EXHAUSTED | code::SHUTTING_DOWN => StatusCode::SERVICE_UNAVAILABLE,
         code::SESSION_BUSY => StatusCode::CONFLICT,
+        // Another node of the cluster holds the session (docs/cluster.md).
+        code::HELD_ELSEWHERE => StatusCode::MISDIRECTED_REQUEST,
         code::LIMIT_EXCEEDED => StatusCode::PAYLOAD_TOO_LARGE,
         code::UNAUTHORIZED => StatusCode::UNAUTHORIZED,
         code::INVALID_REQUEST | code::INVALID_PARAMS | code::PARSE_ERROR => StatusCode::BAD_REQUEST,
@@ -332,10 +334,12 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
 
-/// `GET /readyz`: the pool is warm and no stop has begun.
+/// `GET /readyz`: the pool is warm, no stop has begun, and a cluster node reaches its store.
 async fn readyz(state: web::Data<State>) -> HttpResponse {
     if state.dispatcher.is_stopping() {
         HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "stopping"}))
+    } else if !state.dispatcher.store_reachable() {
+        HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "store unreachable"}))
     } else if state.ready.load(Ordering::SeqCst) {
         HttpResponse::Ok().json(serde_json::json!({"status": "ready"}))
     } else {

@@ -17,6 +17,7 @@ use super::http::{install_prometheus, HttpOptions, HttpServer};
 use super::stdio::serve_stdio;
 use super::systemd;
 use super::unix::{SocketAccess, UnixServer};
+use crate::cluster::{ClusterConfig, Node};
 use crate::config::LimitCeilings;
 use crate::errors::ServeError;
 use crate::rpc::{Dispatcher, LimitPolicy};
@@ -51,6 +52,8 @@ pub struct ServeOptions {
     pub http: Option<HttpListen>,
     /// The most a client may ask for in a session's limits (`[limits.max]`).
     pub limit_ceilings: LimitCeilings,
+    /// The cluster this node joins (`[cluster]`); `None` for a node alone.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// Where and how the HTTP API is served.
@@ -93,6 +96,12 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
         .await
         .map_err(ServeError::Engine)?;
     let dispatcher = Dispatcher::new(engine.clone(), limits);
+    if let Some(cluster) = options.cluster {
+        let node = Node::start(cluster, engine.clone())
+            .await
+            .map_err(ServeError::Cluster)?;
+        dispatcher.join_cluster(node);
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
 
     // HTTP first: it installs the Prometheus recorder, and what the engine records before

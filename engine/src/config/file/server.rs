@@ -166,6 +166,20 @@ impl ServerSettings {
 /// The token in `path`: a file owned by the daemon's user that nobody else may read or write
 /// (mode 0600 or stricter), holding one token without whitespace.
 fn read_token_file(path: &Path) -> Result<String, String> {
+    let text = read_private_file(path)?;
+    let token = text.trim();
+    if token.is_empty() || token.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "{}: must hold one token without whitespace",
+            path.display()
+        ));
+    }
+    Ok(token.to_owned())
+}
+
+/// The text of `path`, a file owned by the daemon's user that nobody else may read or write
+/// (mode 0600 or stricter): a secret.
+pub(super) fn read_private_file(path: &Path) -> Result<String, String> {
     let named = path.display();
     let meta = std::fs::metadata(path).map_err(|err| format!("{named}: {err}"))?;
     let own_uid = Uid::effective().as_raw();
@@ -181,10 +195,5 @@ fn read_token_file(path: &Path) -> Result<String, String> {
             meta.mode() & 0o7777
         ));
     }
-    let text = std::fs::read_to_string(path).map_err(|err| format!("{named}: {err}"))?;
-    let token = text.trim();
-    if token.is_empty() || token.chars().any(char::is_whitespace) {
-        return Err(format!("{named}: must hold one token without whitespace"));
-    }
-    Ok(token.to_owned())
+    std::fs::read_to_string(path).map_err(|err| format!("{named}: {err}"))
 }

@@ -59,8 +59,10 @@ impl Dispatcher {
             },
             llm_by_client: params.llm == Some(wire::LlmChoice::Client),
             bridge: None,
+            take_over: None,
         };
         let session = self.engine.create_session(options).await?;
+        self.register(&session).await?;
         let (pid, python_version) = match session.pid() {
             Some(pid) => (Some(pid), session.python_version().map(str::to_owned)),
             None => {
@@ -270,12 +272,14 @@ impl Dispatcher {
         params: wire::CloseParams,
     ) -> Result<wire::Empty, RpcError> {
         let session = self.session(at, &params.session_id).await?;
-        self.sessions.forget(session.id());
+        let session_id = session.id().to_owned();
+        self.sessions.forget(&session_id);
         if params.checkpoint {
             session.close_with_checkpoint().await?;
         } else {
             session.close().await?;
         }
+        self.unregister(&session_id).await?;
         Ok(wire::Empty {})
     }
 

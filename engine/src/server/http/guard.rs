@@ -20,6 +20,7 @@ use actix_web::middleware::Next;
 use actix_web::{web, FromRequest, HttpMessage, HttpRequest, ResponseError};
 
 use super::{ApiError, State};
+use crate::cluster::forward::FORWARDED_BY;
 use crate::rpc::{code, Caller, RpcError};
 
 /// How long a request's headers, and separately its body, may take to arrive.
@@ -105,13 +106,16 @@ pub(super) async fn guard(
     if let Some(response) = refusal {
         return Ok(req.into_response(response).map_into_right_body());
     }
-    let Some(caller) = authenticate(headers, state.token.as_deref(), &state.access) else {
+    let Some(mut caller) = authenticate(headers, state.token.as_deref(), &state.access) else {
         let mut response = ApiError::from(RpcError::unauthorized()).error_response();
         response
             .headers_mut()
             .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return Ok(req.into_response(response).map_into_right_body());
     };
+    if headers.contains_key(FORWARDED_BY) {
+        caller = caller.forwarded_by_node();
+    }
     let sends_body = matches!(*req.method(), Method::POST | Method::PUT);
     if sends_body && !json_or_empty(headers) {
         let response = ApiError::with_status(

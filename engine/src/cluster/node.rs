@@ -1,0 +1,460 @@
+//! The node at run time: the sessions it holds, its heartbeat, the upload of their
+//! checkpoints, and failover (taking over a session whose holder's lease ran out).
+//!
+//! The daemon's dispatcher tells the node about the sessions it creates, the executions they
+//! run and the sessions it closes; none of that waits for the store except registering and
+//! removing a session. Two tasks run beside the requests, each once per heartbeat
+//! ([`ClusterConfig::heartbeat`]): the heartbeat renews every lease the node holds in one
+//! statement, and the uploader sends each held session's newest local checkpoint to the store
+//! under the session's epoch. A session whose lease another node took (the renewal skips it,
+//! or the store fences its upload) is closed here at once: its worker ends, and the next
+//! request for it finds it held elsewhere.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use pyvisor_actors::session::StateSetup;
+use tokio::task::JoinHandle;
+
+use super::checkpoints::{self, Writer};
+use super::config::ClusterConfig;
+use super::directory::{self, Held};
+use super::forward::Forwarder;
+use super::store::{Store, WAIT};
+use crate::errors::ClusterError;
+use crate::{Engine, Recovered, Session, SessionOptions};
+
+/// A node of the cluster.
+pub struct Node {
+    config: ClusterConfig,
+    store: Store,
+    engine: Engine,
+    /// The sessions this node holds, by id.
+    held: Mutex<HashMap<String, Holding>>,
+    /// What sessions taken over from another node came back with, for their next result.
+    recovered: Mutex<HashMap<String, Recovered>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Held while a session is taken over: two requests for one session claim it once.
+    taking_over: tokio::sync::Mutex<()>,
+    /// Whether the last heartbeat reached the store.
+    store_reachable: AtomicBool,
+    forwarder: Forwarder,
+}
+
+/// A session this node holds.
+#[derive(Debug, Clone)]
+struct Holding {
+    epoch: i64,
+    /// Its key in the local checkpoint store.
+    key: String,
+    /// Executions of the session, across nodes, before this node's engine took it over.
+    base: u64,
+    /// Executions this node's engine ran in it.
+    count: u64,
+    /// The local checkpoint last uploaded (its sequence).
+    uploaded: Option<u64>,
+    /// The store's checkpoint is on its way into the local store: nothing local is newer
+    /// than it, so nothing is uploaded meanwhile.
+    restoring: bool,
+    /// Until when this node can prove it holds the session, by its own clock: the lease's
+    /// length after the last renewal was sent, never later than the store's expiry.
+    valid_until: Instant,
+}
+
+impl Node {
+    /// Joins the cluster: opens the store (migrating its schema), records the node and starts
+    /// its heartbeat and uploader on the current tokio runtime.
+    pub async fn start(config: ClusterConfig, engine: Engine) -> Result<Arc<Node>, ClusterError> {
+        let forwarder = Forwarder::new(&config.node_id, config.token.clone())?;
+        let store = Store::open(&config.store).await?;
+        directory::join(&store, &config.node_id, &config.advertise_url).await?;
+        let node = Arc::new(Node {
+            config,
+            store,
+            engine,
+            held: Mutex::default(),
+            recovered: Mutex::default(),
+            tasks: Mutex::default(),
+            taking_over: tokio::sync::Mutex::new(()),
+            store_reachable: AtomicBool::new(true),
+            forwarder,
+        });
+        let heartbeat = tokio::spawn(every_heartbeat(Arc::downgrade(&node), |node| {
+            Box::pin(async move { node.heartbeat().await })
+        }));
+        let uploader = tokio::spawn(every_heartbeat(Arc::downgrade(&node), |node| {
+            Box::pin(async move { node.upload_checkpoints().await })
+        }));
+        node.lock_tasks().extend([heartbeat, uploader]);
+        tracing::info!(node = %node.config.node_id, url = %node.config.advertise_url, "joined the cluster");
+        Ok(node)
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.config.node_id
+    }
+
+    /// The shared store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// What sends requests on to the nodes that hold their sessions.
+    pub fn forwarder(&self) -> &Forwarder {
+        &self.forwarder
+    }
+
+    fn lock_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Holding>> {
+        self.held
+            .lock()
+            .expect("the held sessions lock is never poisoned")
+    }
+
+    fn lock_tasks(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.tasks
+            .lock()
+            .expect("the node's task list lock is never poisoned")
+    }
+
+    /// Registers a session this node's engine has just created (an attach to a live one is
+    /// registered already).
+    pub async fn created(&self, session: &Session) -> Result<(), ClusterError> {
+        if session.attached() || self.lock_held().contains_key(session.id()) {
+            return Ok(());
+        }
+        let registering = Instant::now();
+        let epoch = directory::register(
+            &self.store,
+            &self.config.node_id,
+            self.config.lease_ttl,
+            session.id(),
+            session.name(),
+            session.owner(),
+        )
+        .await?;
+        let valid_until = registering + self.config.lease_ttl;
+        let key = StateSetup::key_for(session.owner(), session.name(), session.id());
+        self.lock_held().insert(
+            session.id().to_owned(),
+            Holding {
+                epoch,
+                key,
+                base: 0,
+                count: 0,
+                uploaded: None,
+                restoring: false,
+                valid_until,
+            },
+        );
+        Ok(())
+    }
+
+    /// Whether the last heartbeat reached the store (`/readyz`).
+    pub fn store_reachable(&self) -> bool {
+        self.store_reachable.load(Ordering::SeqCst)
+    }
+
+    /// Whether this node holds the session `session_id` (false: it lost it to another node,
+    /// or never held it). Refuses a held session once this node can no longer prove it holds
+    /// it: its lease ran out by this node's clock because the store could not renew it. The
+    /// worker stays: a renewal once the store is back lets the session go on, unless another
+    /// node claimed it meanwhile.
+    pub fn check_lease(&self, session_id: &str) -> Result<bool, ClusterError> {
+        match self.lock_held().get(session_id) {
+            Some(holding) if holding.valid_until < Instant::now() => {
+                Err(ClusterError::LeaseExpired {
+                    session_id: session_id.to_owned(),
+                })
+            }
+            Some(_) => Ok(true),
+            None => Ok(false),
+        }
+    }
+
+    /// Notes the execution count a session's engine reported, for the next heartbeat.
+    pub fn executed(&self, session_id: &str, execution_count: u64) {
+        if let Some(holding) = self.lock_held().get_mut(session_id) {
+            holding.count = holding.count.max(execution_count);
+        }
+    }
+
+    /// What the session `session_id` came back with when this node took it over, once.
+    pub fn take_recovered(&self, session_id: &str) -> Option<Recovered> {
+        self.recovered
+            .lock()
+            .expect("the recovered sessions lock is never poisoned")
+            .remove(session_id)
+    }
+
+    /// Removes a session this node closed from the directory, with its checkpoints.
+    pub async fn closed(&self, session_id: &str) -> Result<(), ClusterError> {
+        let Some(holding) = self.lock_held().remove(session_id) else {
+            return Ok(());
+        };
+        directory::remove(&self.store, &self.config.node_id, session_id, holding.epoch).await?;
+        Ok(())
+    }
+
+    /// Takes over the session `session_id` for a caller whose scope is `owner` (`None`: every
+    /// owner): claims it when its holder's lease ran out, restores its last checkpoint from
+    /// the store and starts it here under the same id. `None` when the directory has no such
+    /// session for that owner; [`ClusterError::HeldElsewhere`] when a live node holds it.
+    pub async fn take_over(
+        &self,
+        session_id: &str,
+        owner: Option<&str>,
+    ) -> Result<Option<Session>, ClusterError> {
+        let _one_at_a_time = self.taking_over.lock().await;
+        if self.lock_held().contains_key(session_id) {
+            // Taken over by a request that came first.
+            return Ok(self.engine.session(session_id, owner).await.ok());
+        }
+        let Some(entry) = directory::lookup(&self.store, session_id).await? else {
+            return Ok(None);
+        };
+        // Another owner's session is unknown, like a missing one.
+        if owner.is_some() && entry.owner.as_deref() != owner {
+            return Ok(None);
+        }
+        let held_elsewhere = |entry: directory::Entry| ClusterError::HeldElsewhere {
+            session_id: session_id.to_owned(),
+            node: entry.holder.unwrap_or_default(),
+            advertise_url: entry.holder_url.unwrap_or_default(),
+        };
+        let mine = entry.holder.as_deref() == Some(self.node_id());
+        if !entry.expired && !mine {
+            return Err(held_elsewhere(entry));
+        }
+        let claiming = Instant::now();
+        let claim = directory::claim(
+            &self.store,
+            &self.config.node_id,
+            self.config.lease_ttl,
+            session_id,
+        )
+        .await?;
+        let Some(claim) = claim else {
+            // Another node claimed it first.
+            return match directory::lookup(&self.store, session_id).await? {
+                Some(entry) => Err(held_elsewhere(entry)),
+                None => Ok(None),
+            };
+        };
+        let key = StateSetup::key_for(entry.owner.as_deref(), entry.name.as_deref(), session_id);
+        // Held from the claim on, so the heartbeat renews the new lease while a large
+        // checkpoint comes down.
+        self.lock_held().insert(
+            session_id.to_owned(),
+            Holding {
+                epoch: claim.epoch,
+                key: key.clone(),
+                base: 0,
+                count: 0,
+                uploaded: None,
+                restoring: true,
+                valid_until: claiming + self.config.lease_ttl,
+            },
+        );
+        let downloaded = match self.engine.checkpoint_store() {
+            Some((local, scratch)) => {
+                checkpoints::download(&self.store, local, scratch, session_id, &key).await
+            }
+            None => Ok(None),
+        };
+        let downloaded = match downloaded {
+            Ok(downloaded) => downloaded,
+            Err(err) => {
+                self.lock_held().remove(session_id);
+                return Err(err);
+            }
+        };
+        let base = downloaded.as_ref().map_or(0, |d| d.execution_count);
+        if let Some(holding) = self.lock_held().get_mut(session_id) {
+            holding.base = base;
+            holding.uploaded = downloaded.as_ref().map(|d| d.local_id.sequence());
+            holding.restoring = false;
+        }
+        let options = SessionOptions {
+            name: entry.name.clone(),
+            owner: entry.owner.clone(),
+            take_over: Some(session_id.to_owned()),
+            ..SessionOptions::default()
+        };
+        let session = match self.engine.create_session(options).await {
+            Ok(session) => session,
+            Err(err) => {
+                self.lock_held().remove(session_id);
+                return Err(err.into());
+            }
+        };
+        let still_held = self.lock_held().get(session_id).map(|h| h.epoch) == Some(claim.epoch);
+        if !still_held {
+            // Another node claimed it while it was restored here.
+            if let Err(err) = session.close().await {
+                tracing::warn!(session = session_id, error = %err, "cannot close a lost session");
+            }
+            return Err(ClusterError::Fenced {
+                session_id: session_id.to_owned(),
+                epoch: claim.epoch,
+            });
+        }
+        let reported = u64::try_from(claim.execution_count).unwrap_or(0);
+        let recovered = Recovered {
+            checkpoint_id: downloaded.as_ref().map(|d| d.checkpoint_id.clone()),
+            lost_executions: reported.saturating_sub(base),
+            fresh_namespace: downloaded.is_none(),
+            from_node: claim.from_node.clone().or(entry.holder.clone()),
+        };
+        tracing::info!(
+            session = session_id,
+            from = ?recovered.from_node,
+            checkpoint = ?recovered.checkpoint_id,
+            epoch = claim.epoch,
+            "took the session over"
+        );
+        self.recovered
+            .lock()
+            .expect("the recovered sessions lock is never poisoned")
+            .insert(session_id.to_owned(), recovered);
+        Ok(Some(session))
+    }
+
+    /// Renews every lease this node holds, and lets go of those another node took.
+    async fn heartbeat(&self) {
+        let held: Vec<Held> = self
+            .lock_held()
+            .iter()
+            .map(|(id, holding)| Held {
+                session_id: id.clone(),
+                epoch: holding.epoch,
+                execution_count: (holding.base + holding.count) as i64,
+            })
+            .collect();
+        let sent = Instant::now();
+        let renewal = directory::renew(
+            &self.store,
+            &self.config.node_id,
+            self.config.lease_ttl,
+            &held,
+        );
+        let renewed = match tokio::time::timeout(WAIT, renewal).await {
+            Ok(Ok(renewed)) => renewed,
+            Ok(Err(err)) => {
+                self.store_reachable.store(false, Ordering::SeqCst);
+                return tracing::warn!(error = %err, "heartbeat failed");
+            }
+            Err(_) => {
+                self.store_reachable.store(false, Ordering::SeqCst);
+                return tracing::warn!("heartbeat failed: the store did not answer in time");
+            }
+        };
+        self.store_reachable.store(true, Ordering::SeqCst);
+        {
+            let mut holdings = self.lock_held();
+            for id in &renewed {
+                if let Some(holding) = holdings.get_mut(id) {
+                    holding.valid_until = sent + self.config.lease_ttl;
+                }
+            }
+        }
+        for lost in held.iter().filter(|h| !renewed.contains(&h.session_id)) {
+            self.lose(&lost.session_id, lost.epoch).await;
+        }
+    }
+
+    /// Uploads the newest local checkpoint of every held session the store lacks.
+    async fn upload_checkpoints(&self) {
+        let Some((local, _)) = self.engine.checkpoint_store() else {
+            return;
+        };
+        let held: Vec<(String, Holding)> = self
+            .lock_held()
+            .iter()
+            .map(|(id, holding)| (id.clone(), holding.clone()))
+            .collect();
+        for (session_id, holding) in held {
+            let (store, key) = (local.clone(), holding.key.clone());
+            let newest = tokio::task::spawn_blocking(move || store.list(&key))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|list| list.into_iter().next());
+            let Some(newest) = newest.filter(|_| !holding.restoring) else {
+                continue;
+            };
+            if holding.uploaded == Some(newest.id.sequence()) {
+                continue;
+            }
+            let writer = Writer {
+                session_id: &session_id,
+                key: &holding.key,
+                node_id: &self.config.node_id,
+                epoch: holding.epoch,
+            };
+            match checkpoints::upload(&self.store, local, writer, newest.id, holding.base).await {
+                Ok(uploaded) => {
+                    tracing::debug!(session = %session_id, checkpoint = %uploaded.checkpoint_id,
+                        sent = uploaded.sent_bytes, stored = uploaded.stored_bytes,
+                        "checkpoint uploaded");
+                    if let Some(holding) = self.lock_held().get_mut(&session_id) {
+                        holding.uploaded = Some(newest.id.sequence());
+                    }
+                }
+                Err(ClusterError::Fenced { epoch, .. }) => self.lose(&session_id, epoch).await,
+                Err(err) => tracing::warn!(session = %session_id, error = %err,
+                    "checkpoint upload failed"),
+            }
+        }
+    }
+
+    /// Another node claimed the session held under `epoch`: stop serving it here.
+    async fn lose(&self, session_id: &str, epoch: i64) {
+        {
+            let mut held = self.lock_held();
+            if held.get(session_id).map(|h| h.epoch) != Some(epoch) {
+                return;
+            }
+            held.remove(session_id);
+        }
+        tracing::warn!(
+            session = session_id,
+            epoch,
+            "lost the session's lease to another node"
+        );
+        if let Ok(session) = self.engine.session(session_id, None).await {
+            // Its checkpoints here are older than the new holder's: they go with it.
+            if let Err(err) = session.close().await {
+                tracing::warn!(session = session_id, error = %err, "cannot close a lost session");
+            }
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        for task in self.lock_tasks().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// Runs `beat` on the node once per heartbeat for as long as the node lives.
+async fn every_heartbeat(
+    node: Weak<Node>,
+    beat: impl Fn(Arc<Node>) -> futures::future::BoxFuture<'static, ()>,
+) {
+    let period = match node.upgrade() {
+        Some(node) => node.config.heartbeat(),
+        None => return,
+    };
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(node) = node.upgrade() else { return };
+        beat(node).await;
+    }
+}

@@ -1,0 +1,171 @@
+//! The dispatcher's side of a cluster (docs/cluster.md): a session created here is registered
+//! in the shared store, a session this engine does not have is taken over when its holder's
+//! lease ran out, a closed one leaves the store, and the first result of a session taken over
+//! says where it came from. Without `[cluster]` each hook does nothing.
+
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use super::{Dispatcher, Scope};
+use crate::cluster::forward::Forwarder;
+use crate::cluster::status::status;
+use crate::cluster::{ClusterStatus, Node};
+use crate::rpc::caller::Caller;
+use crate::rpc::errors::{code, RpcError};
+use crate::{EngineError, ExecutionResult, Session, SupervisorError};
+
+impl Dispatcher {
+    /// Makes this dispatcher's sessions part of the cluster `node` belongs to.
+    pub fn join_cluster(&self, node: Arc<Node>) {
+        if self.cluster.set(node).is_err() {
+            tracing::warn!("the dispatcher has joined a cluster already");
+        }
+    }
+
+    /// Registers a session the engine has just created; one the store would not take is
+    /// closed again, so that no node serves a session the store does not know.
+    pub(super) async fn register(&self, session: &Session) -> Result<(), RpcError> {
+        let Some(node) = self.cluster.get() else {
+            return Ok(());
+        };
+        if let Err(err) = node.created(session).await {
+            if let Err(closing) = session.clone().close().await {
+                tracing::warn!(session = session.id(), error = %closing, "cannot close an unregistered session");
+            }
+            return Err(err.into());
+        }
+        Ok(())
+    }
+
+    /// The session `key` for `owner`, taken over from the cluster; `not_here` (the engine's
+    /// answer) when the cluster does not have it either.
+    pub(super) async fn take_over(
+        &self,
+        key: &str,
+        owner: Option<&str>,
+        not_here: EngineError,
+    ) -> Result<Session, RpcError> {
+        let Some(node) = self.cluster.get() else {
+            return Err(not_here.into());
+        };
+        match node.take_over(key, owner).await? {
+            Some(session) => Ok(session),
+            None => Err(not_here.into()),
+        }
+    }
+
+    /// `session`, found here under `key` for `owner`, if this node still holds it; else what
+    /// the cluster says of it (another node holds it, or it is gone). Refuses a session this
+    /// node can no longer prove it holds (docs/cluster.md).
+    pub(super) async fn held_here(
+        &self,
+        session: Session,
+        key: &str,
+        owner: Option<&str>,
+    ) -> Result<Session, RpcError> {
+        let Some(node) = self.cluster.get() else {
+            return Ok(session);
+        };
+        if node.check_lease(session.id())? {
+            return Ok(session);
+        }
+        // Another node took the session over: this handle is of the copy this node closed.
+        self.sessions.forget(session.id());
+        let not_here = EngineError::Supervisor(SupervisorError::UnknownSession {
+            session: key.to_owned(),
+        });
+        self.take_over(key, owner, not_here).await
+    }
+
+    /// Whether the cluster's store answered the last heartbeat; true without a cluster.
+    pub fn store_reachable(&self) -> bool {
+        self.cluster.get().is_none_or(|node| node.store_reachable())
+    }
+
+    /// The params of a call that may be forwarded if another node holds its session, kept
+    /// before the call consumes them; `None` for a call that is never forwarded.
+    pub(super) fn forwardable(
+        &self,
+        caller: &Caller,
+        method: &str,
+        params: &Option<Value>,
+    ) -> Option<Map<String, Value>> {
+        let forwarding = self.cluster.get().is_some() && !caller.forwarded();
+        match params {
+            Some(Value::Object(params)) if forwarding && Forwarder::forwards(method) => {
+                Some(params.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Sends a call that failed with `err` on to the node holding its session, when `err`
+    /// names a live holder; otherwise, or when that node cannot be reached, `err` stands.
+    pub(super) async fn forward(
+        &self,
+        caller: &Caller,
+        method: &str,
+        params: Map<String, Value>,
+        err: RpcError,
+    ) -> Result<Box<RawValue>, RpcError> {
+        let url = (err.data.as_ref())
+            .filter(|_| err.code == code::HELD_ELSEWHERE)
+            .and_then(|data| data.get("advertise_url"))
+            .and_then(Value::as_str)
+            .filter(|url| !url.is_empty());
+        let (Some(url), Some(node)) = (url, self.cluster.get()) else {
+            return Err(err);
+        };
+        // The owner the caller is confined to goes along, so the holder applies the same rule.
+        let owner = caller.scope(params.get("owner").and_then(Value::as_str))?;
+        match node
+            .forwarder()
+            .forward(url, method, params, owner.as_deref())
+            .await
+        {
+            Some(answer) => answer,
+            None => Err(err),
+        }
+    }
+
+    /// `cluster.status`, for admins who reach every session (it counts every owner's).
+    pub(super) async fn cluster_status(&self, at: &Scope<'_>) -> Result<ClusterStatus, RpcError> {
+        if at.owner().is_some() {
+            return Err(RpcError::new(
+                code::UNAUTHORIZED,
+                "unauthorized: cluster.status counts every owner's sessions; admins only",
+            ));
+        }
+        let Some(node) = self.cluster.get() else {
+            return Err(RpcError::new(
+                code::ENGINE_ERROR,
+                "this node is not part of a cluster (no [cluster] store)",
+            ));
+        };
+        Ok(status(node.store()).await?)
+    }
+
+    /// Notes a result's execution count for the heartbeat, says which node ran it, and gives
+    /// the first result of a session taken over what it came back with.
+    pub(super) fn note_result(&self, session_id: &str, result: &mut ExecutionResult) {
+        let Some(node) = self.cluster.get() else {
+            return;
+        };
+        node.executed(session_id, result.execution_count);
+        result.node = Some(node.node_id().to_owned());
+        if let Some(recovered) = node.take_recovered(session_id) {
+            // A crash of the new worker says more than where the session came from.
+            result.recovered.get_or_insert(recovered);
+        }
+    }
+
+    /// Removes a closed session from the store.
+    pub(super) async fn unregister(&self, session_id: &str) -> Result<(), RpcError> {
+        match self.cluster.get() {
+            Some(node) => Ok(node.closed(session_id).await?),
+            None => Ok(()),
+        }
+    }
+}

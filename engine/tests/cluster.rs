@@ -1,0 +1,541 @@
+//! Several nodes, one PostgreSQL (docs/cluster.md), against a real throwaway PostgreSQL: the
+//! schema migrated once by two nodes starting together, the store refusing a checkpoint
+//! written under a stale epoch (in SQL, whoever writes), and failover between two real daemon
+//! processes: the holder killed with SIGKILL, the session's next request on the other node
+//! answers from its last checkpoint and says where it came from, for its owner only.
+
+mod common;
+#[path = "common/postgres.rs"]
+mod postgres;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use pyvisor::cluster::checkpoints::{self, Writer};
+use pyvisor::cluster::{directory, migrations, Store};
+use pyvisor::errors::ClusterError;
+use pyvisor_actors::checkpoint::{CheckpointMeta, CheckpointStore, CheckpointStoreConfig};
+use serde_json::{json, Value};
+
+use common::{http_get, Daemon};
+
+/// Polls `check` until it holds, up to 60 s; panics with `what` otherwise.
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn two_nodes_starting_together_migrate_an_empty_store_once() {
+    let db = postgres::database().await;
+    let config = db.config();
+    let (a, b) = tokio::join!(Store::open(&config), Store::open(&config));
+    a.expect("the first node opens the store");
+    b.expect("the second node opens the store");
+    let client = db.connect().await;
+    let versions: Vec<i32> = client
+        .query("SELECT version FROM pyvisor_schema ORDER BY version", &[])
+        .await
+        .expect("read the schema versions")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let expected: Vec<i32> = (1..=migrations::latest()).collect();
+    assert_eq!(versions, expected, "each migration applied exactly once");
+    // A third node, later, finds nothing to do.
+    Store::open(&db.config())
+        .await
+        .expect("a later node opens the migrated store");
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config: tokio_postgres::Config =
+        format!("host={} user=nobody dbname=none", dir.path().display())
+            .parse()
+            .expect("a connection string");
+    match Store::open(&config).await {
+        Err(ClusterError::Unreachable(message)) => assert!(!message.is_empty()),
+        Err(other) => panic!("expected Unreachable, got {other}"),
+        Ok(_) => panic!("no server listens there"),
+    }
+}
+
+/// Uploads, as `node_id` under `epoch`, a checkpoint of session `s-1` holding `payload`,
+/// taken after 3 executions of an engine that took the session over after `base`.
+async fn upload(
+    store: &Store,
+    node_id: &str,
+    epoch: i64,
+    payload: &[u8],
+    base: u64,
+) -> Result<checkpoints::Uploaded, ClusterError> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let local = CheckpointStore::open(CheckpointStoreConfig::new(dir.path())).expect("a store");
+    let meta = CheckpointMeta {
+        execution_count: 3,
+        ..CheckpointMeta::default()
+    };
+    let saved = local
+        .save("id:s-1", &meta, payload)
+        .expect("save a checkpoint");
+    let writer = Writer {
+        session_id: "s-1",
+        key: "id:s-1",
+        node_id,
+        epoch,
+    };
+    checkpoints::upload(store, &local, writer, saved.id, base).await
+}
+
+#[tokio::test]
+async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
+    let db = postgres::database().await;
+    let store = Store::open(&db.config()).await.expect("open the store");
+    let ttl = Duration::from_millis(500);
+    directory::join(&store, "node-a", "http://127.0.0.1:1")
+        .await
+        .unwrap();
+    directory::join(&store, "node-b", "http://127.0.0.1:2")
+        .await
+        .unwrap();
+    let epoch_a = directory::register(&store, "node-a", ttl, "s-1", None, Some("alice"))
+        .await
+        .expect("register");
+    assert_eq!(epoch_a, 1);
+
+    // Node B cannot claim a session whose lease still runs.
+    let early = directory::claim(&store, "node-b", ttl, "s-1")
+        .await
+        .unwrap();
+    assert_eq!(early, None, "a running lease is not taken");
+
+    // Node A is paused: it renews nothing, and its lease runs out by the store's clock.
+    until("the lease of node A ran out", || async {
+        let entry = directory::lookup(&store, "s-1").await.unwrap();
+        entry.is_some_and(|entry| entry.expired)
+    })
+    .await;
+    let claim = directory::claim(&store, "node-b", ttl, "s-1")
+        .await
+        .unwrap()
+        .expect("an expired lease is claimed");
+    assert_eq!(claim.epoch, 2, "each claim bumps the epoch");
+    assert_eq!(claim.from_node.as_deref(), Some("node-a"));
+
+    // Node A wakes up: its heartbeat learns that it lost the session...
+    let held = [directory::Held {
+        session_id: "s-1".into(),
+        epoch: epoch_a,
+        execution_count: 5,
+    }];
+    let renewed = directory::renew(&store, "node-a", ttl, &held)
+        .await
+        .unwrap();
+    assert!(renewed.is_empty(), "node A no longer holds s-1");
+
+    // ...and its checkpoint, written under epoch 1, is refused.
+    match upload(&store, "node-a", epoch_a, b"stale state of node A", 0).await {
+        Err(ClusterError::Fenced { epoch, .. }) => assert_eq!(epoch, 1),
+        other => panic!("a stale write must be fenced, got {other:?}"),
+    }
+
+    // The fence is in SQL: a writer that bypasses the node's code is refused too.
+    let client = db.connect().await;
+    let raw = client
+        .execute(
+            "INSERT INTO pyvisor_checkpoints
+                 (session_id, checkpoint_id, epoch, node_id, execution_count, manifest, payload)
+             VALUES ('s-1', 'c-9', 1, 'node-a', 9, '\\x00', '\\x00')",
+            &[],
+        )
+        .await
+        .expect_err("the store refuses a row under epoch 1");
+    assert!(directory::is_fenced(&raw), "{raw}");
+
+    // The new holder writes under epoch 2, and that is what a later claim restores.
+    upload(&store, "node-b", claim.epoch, b"state of node B", 10)
+        .await
+        .expect("the holder's write is taken");
+    let dir_c = tempfile::tempdir().expect("temp dir");
+    let local_c = CheckpointStore::open(CheckpointStoreConfig::new(dir_c.path())).unwrap();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let downloaded = checkpoints::download(&store, &local_c, scratch.path(), "s-1", "id:s-1")
+        .await
+        .expect("download")
+        .expect("the store has a checkpoint");
+    assert_eq!(downloaded.node_id, "node-b");
+    assert_eq!(
+        downloaded.execution_count, 13,
+        "10 before node B's engine, 3 after"
+    );
+    let loaded = local_c
+        .load("id:s-1", None)
+        .expect("the checkpoint is local now");
+    assert_eq!(loaded.payload, b"state of node B");
+}
+
+/// A cluster node's config: the store, its id, a short lease, one warm worker, and an
+/// advertised URL where nothing listens.
+fn node_config(home: &Path, db: &postgres::Database, node_id: &str) -> std::path::PathBuf {
+    advertised_node_config(home, db, node_id, "http://127.0.0.1:9")
+}
+
+/// [`node_config`] with the URL where other nodes reach this one.
+fn advertised_node_config(
+    home: &Path,
+    db: &postgres::Database,
+    node_id: &str,
+    url: &str,
+) -> std::path::PathBuf {
+    std::fs::create_dir_all(home).expect("the node's home");
+    let path = home.join("pyvisor.toml");
+    let text = format!(
+        "[pool]\nmin_idle = 1\n\n[cluster]\nstore = \"{}\"\nnode_id = \"{node_id}\"\n\
+         advertise_url = \"{url}\"\nlease_ttl_s = 1.0\n",
+        db.url()
+    );
+    std::fs::write(&path, text).expect("write the node's config");
+    path
+}
+
+/// A session of alice's on `node` that ran `code`, and the id of the checkpoint of it that
+/// the node has uploaded to the store `store` connects to.
+async fn checkpointed_session(
+    node: &Daemon,
+    store: &tokio_postgres::Client,
+    code: &str,
+) -> (String, String) {
+    let mut conn = node.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    let ran = execute(node, &session, "alice", code).await;
+    assert_eq!(ran["result"]["status"], "ok", "{ran}");
+    let taken = conn
+        .call("session.checkpoint", json!({"session_id": session}))
+        .await;
+    let checkpoint = taken["checkpoint_id"].as_str().expect("an id").to_owned();
+    until("the node uploaded the checkpoint", || async {
+        let row = store
+            .query_opt(
+                "SELECT checkpoint_id FROM pyvisor_checkpoints WHERE session_id = $1",
+                &[&session],
+            )
+            .await
+            .expect("query the store");
+        row.is_some_and(|row| row.get::<_, String>(0) == checkpoint)
+    })
+    .await;
+    (session, checkpoint)
+}
+
+/// Runs `code` in alice's `session` on `node` until the answer is not `-32008`: the lease of
+/// the node that held the session ran out, and `node` took it over. That answer.
+async fn execute_once_free(node: &Daemon, session: &str, code: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = execute(node, session, "alice", code).await;
+        if answer["error"]["code"] != -32008 {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lease never ran out: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Nodes `node-a` and `node-b` of the store `db`, their homes under `homes`.
+async fn two_nodes(db: &postgres::Database, homes: &Path) -> (Daemon, Daemon) {
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b"] {
+        let home = homes.join(id);
+        let config = node_config(&home, db, id);
+        nodes.push(Daemon::start_in(&home, &["--config", config.to_str().unwrap()], &[]).await);
+    }
+    let node_b = nodes.pop().expect("two nodes");
+    (nodes.pop().expect("two nodes"), node_b)
+}
+
+/// `session.execute` of `code` in `session` for `owner`, as the whole response.
+async fn execute(daemon: &Daemon, session: &str, owner: &str, code: &str) -> Value {
+    let mut conn = daemon.connect().await;
+    let params = json!({"session_id": session, "owner": owner, "code": code});
+    conn.request("session.execute", params).await.1
+}
+
+#[tokio::test]
+async fn a_session_of_a_killed_node_comes_back_on_another_with_its_state() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let (mut node_a, node_b) = two_nodes(&db, homes.path()).await;
+
+    let store = db.connect().await;
+    let (session, checkpoint) = checkpointed_session(&node_a, &store, "x = 41").await;
+
+    // While node A lives, node B does not take its session.
+    let held = execute(&node_b, &session, "alice", "x").await;
+    assert_eq!(held["error"]["code"], -32008, "{held}");
+    assert_eq!(held["error"]["data"]["node"], "node-a", "{held}");
+
+    node_a.child.kill().expect("kill -9 node A");
+    node_a.child.wait().expect("reap node A");
+
+    // Another owner never reaches the session, through any node.
+    let foreign = execute(&node_b, &session, "bob", "x").await;
+    assert_eq!(foreign["error"]["code"], -32001, "{foreign}");
+
+    // Node A's lease runs out; the session's next request on node B claims it.
+    let answer = execute_once_free(&node_b, &session, "x + 1").await;
+    let result = &answer["result"];
+    assert_eq!(result["status"], "ok", "{answer}\n{}", node_b.log());
+    assert_eq!(
+        result["result"]["repr"], "42",
+        "the state of node A came back"
+    );
+    assert_eq!(result["node"], "node-b", "{answer}");
+    let recovered = &result["recovered"];
+    assert_eq!(recovered["from_node"], "node-a", "{recovered}");
+    assert_eq!(
+        recovered["checkpoint_id"],
+        checkpoint.as_str(),
+        "{recovered}"
+    );
+    assert_eq!(recovered["lost_executions"], 0, "{recovered}");
+
+    // Only the request that took it over says so; the session goes on on node B.
+    let next = execute(&node_b, &session, "alice", "x = 7; x").await;
+    assert_eq!(next["result"]["result"]["repr"], "7", "{next}");
+    assert!(next["result"]["recovered"].is_null(), "{next}");
+    let row = store
+        .query_one(
+            "SELECT holder, epoch FROM pyvisor_sessions WHERE session_id = $1",
+            &[&session],
+        )
+        .await
+        .expect("the directory row");
+    assert_eq!(row.get::<_, String>(0), "node-b");
+    assert_eq!(row.get::<_, i64>(1), 2, "one claim after the create");
+    let foreign = execute(&node_b, &session, "bob", "x").await;
+    assert_eq!(foreign["error"]["code"], -32001, "{foreign}");
+
+    // cluster.status: both nodes, the session with node B, node A's heartbeat stale.
+    let mut conn_b = node_b.connect().await;
+    let status = conn_b.call("cluster.status", json!({})).await;
+    assert_eq!(status["sessions"], 1, "{status}");
+    let nodes = status["nodes"].as_array().expect("a list of nodes");
+    let ids: Vec<&str> = nodes.iter().filter_map(|n| n["node_id"].as_str()).collect();
+    assert_eq!(ids, ["node-a", "node-b"], "{status}");
+    assert_eq!(nodes[0]["sessions"], 0, "{status}");
+    assert_eq!(nodes[1]["sessions"], 1, "{status}");
+    assert!(
+        nodes[0]["heartbeat_age_ms"].as_i64() > nodes[1]["heartbeat_age_ms"].as_i64(),
+        "{status}"
+    );
+    assert_eq!(nodes[1]["advertise_url"], "http://127.0.0.1:9", "{status}");
+    // It counts every owner's sessions: an owner may not read it.
+    let (_, refused) = conn_b
+        .request("cluster.status", json!({"owner": "alice"}))
+        .await;
+    assert_eq!(refused["error"]["code"], -32007, "{refused}");
+}
+
+#[tokio::test]
+async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
+    let db = postgres::database().await;
+    let home = tempfile::tempdir().expect("temp dir");
+    // The node reaches the store through a link to its socket, which the test can cut.
+    let link_dir = home.path().join("link");
+    std::fs::create_dir(&link_dir).expect("the link's dir");
+    let socket = db.socket_dir.join(".s.PGSQL.5432");
+    let link = link_dir.join(".s.PGSQL.5432");
+    std::os::unix::fs::symlink(&socket, &link).expect("link the socket");
+    let via_link = postgres::Database {
+        socket_dir: link_dir.clone(),
+        name: db.name.clone(),
+    };
+    let config = node_config(&home.path().join("a"), &via_link, "node-a");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let args = ["--config", config.to_str().unwrap(), "--http", &addr];
+    let node = Daemon::start_in(&home.path().join("a"), &args, &[]).await;
+    let mut conn = node.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    let set = execute(&node, &session, "alice", "x = 1").await;
+    assert_eq!(set["result"]["status"], "ok", "{set}");
+    until("the node is ready", || async {
+        http_get(port, "/readyz", None).await.0 == 200
+    })
+    .await;
+
+    // Cut the node off: no new connection, and its open ones ended.
+    std::fs::remove_file(&link).expect("cut the link");
+    let store = db.connect().await;
+    store
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = $1 AND application_name = 'pyvisor'",
+            &[&db.name],
+        )
+        .await
+        .expect("end the node's connections");
+    until("/readyz says the store is unreachable", || async {
+        let (status, body) = http_get(port, "/readyz", None).await;
+        status == 503 && body.contains("store unreachable")
+    })
+    .await;
+    let mut refused = Value::Null;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused["error"]["code"] != -32008 {
+        assert!(
+            Instant::now() < deadline,
+            "the node kept serving: {refused}"
+        );
+        refused = execute(&node, &session, "alice", "x").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("lease"),
+        "{refused}"
+    );
+
+    // The store is back and nobody took the session: the node serves it again, as it was.
+    std::os::unix::fs::symlink(&socket, &link).expect("restore the link");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let back = loop {
+        let answer = execute(&node, &session, "alice", "x").await;
+        if answer["error"].is_null() {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "never served again: {answer}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(back["result"]["result"]["repr"], "1", "{back}");
+    assert!(
+        back["result"]["recovered"].is_null(),
+        "the same worker: {back}"
+    );
+    until("the node is ready again", || async {
+        http_get(port, "/readyz", None).await.0 == 200
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_node_paused_past_its_lease_gives_the_session_up_when_it_wakes() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let (node_a, node_b) = two_nodes(&db, homes.path()).await;
+    let store = db.connect().await;
+    let (session, _) = checkpointed_session(&node_a, &store, "x = 41").await;
+
+    node_a.signal(nix::sys::signal::Signal::SIGSTOP);
+    let taken = execute_once_free(&node_b, &session, "x = x + 1; x").await;
+    assert_eq!(taken["result"]["result"]["repr"], "42", "{taken}");
+    node_a.signal(nix::sys::signal::Signal::SIGCONT);
+
+    // Node A learns that it lost the session and stops serving it; the session's state is
+    // node B's, whatever node A tried to write when it woke.
+    until("node A gave the session up", || async {
+        node_a
+            .log()
+            .contains("lost the session's lease to another node")
+    })
+    .await;
+    let stale = execute(&node_a, &session, "alice", "x").await;
+    assert_eq!(stale["error"]["code"], -32008, "{stale}");
+    assert_eq!(stale["error"]["data"]["node"], "node-b", "{stale}");
+    let now = execute(&node_b, &session, "alice", "x").await;
+    assert_eq!(now["result"]["result"]["repr"], "42", "{now}");
+    let row = store
+        .query_one(
+            "SELECT s.holder, s.epoch, c.epoch FROM pyvisor_sessions s
+             LEFT JOIN pyvisor_checkpoints c USING (session_id) WHERE s.session_id = $1",
+            &[&session],
+        )
+        .await
+        .expect("the directory row");
+    assert_eq!(row.get::<_, String>(0), "node-b");
+    let epoch: i64 = row.get(1);
+    let written: i64 = row.get(2);
+    assert!(
+        written <= epoch,
+        "no checkpoint under a newer epoch than the session's"
+    );
+}
+
+/// A loopback port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+#[tokio::test]
+async fn a_request_at_the_wrong_node_is_forwarded_to_the_holder() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b"] {
+        let home = homes.path().join(id);
+        let addr = format!("127.0.0.1:{}", free_port());
+        let config = advertised_node_config(&home, &db, id, &format!("http://{addr}"));
+        let args = ["--config", config.to_str().unwrap(), "--http", &addr];
+        nodes.push(Daemon::start_in(&home, &args, &[]).await);
+    }
+    let (node_a, node_b) = (&nodes[0], &nodes[1]);
+    let mut conn = node_a.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    let set = execute(node_a, &session, "alice", "x = 41").await;
+    assert_eq!(set["result"]["status"], "ok", "{set}");
+
+    // Node B does not hold the session: it sends the request on to node A, which runs it.
+    let there = execute(node_b, &session, "alice", "x += 1; print('on A'); x").await;
+    let result = &there["result"];
+    assert_eq!(result["result"]["repr"], "42", "{there}");
+    assert_eq!(result["stdout"], "on A\n", "{there}");
+    assert_eq!(result["node"], "node-a", "the holder answered: {there}");
+    assert!(
+        result["recovered"].is_null(),
+        "nothing was recovered: {there}"
+    );
+    let here = execute(node_a, &session, "alice", "x").await;
+    assert_eq!(
+        here["result"]["result"]["repr"], "42",
+        "it ran on node A: {here}"
+    );
+    let mut conn_b = node_b.connect().await;
+    let checkpoint = conn_b
+        .call("session.checkpoint", json!({"session_id": session}))
+        .await;
+    assert!(checkpoint["checkpoint_id"].is_string(), "{checkpoint}");
+
+    // The owner rule holds through any node: bob never reaches alice's session.
+    let foreign = execute(node_b, &session, "bob", "x").await;
+    assert_eq!(foreign["error"]["code"], -32001, "{foreign}");
+    let store = db.connect().await;
+    let holder: String = store
+        .query_one(
+            "SELECT holder FROM pyvisor_sessions WHERE session_id = $1",
+            &[&session],
+        )
+        .await
+        .expect("the directory row")
+        .get(0);
+    assert_eq!(holder, "node-a", "forwarding claims nothing");
+}
