@@ -319,6 +319,34 @@ async fn a_corrupt_latest_checkpoint_falls_back_to_the_one_before() {
 }
 
 #[tokio::test]
+async fn checkpoints_asked_together_are_stored_in_the_order_they_were_asked() {
+    let dir = state_dir();
+    let engine = engine_in(&dir).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(
+        &session,
+        "import pandas as pd; frame = pd.DataFrame({'a': range(50_000)})",
+    )
+    .await;
+    // Asked one after the other without waiting: each is stored while the next is written.
+    let asked = (0..12).map(|_| session.checkpoint());
+    let taken = within(futures::future::join_all(asked)).await;
+    let ids: Vec<String> = (taken.into_iter())
+        .map(|taken| taken.expect("a checkpoint").checkpoint_id)
+        .collect();
+    let sequences: Vec<u64> = (ids.iter())
+        .map(|id| id.trim_start_matches("c-").parse().expect("c-<sequence>"))
+        .collect();
+    assert!(
+        sequences.windows(2).all(|pair| pair[0] < pair[1]),
+        "stored out of the order asked: {ids:?}"
+    );
+    let restored = within(session.restore(None)).await.unwrap();
+    assert_eq!(&restored.checkpoint_id, ids.last().unwrap());
+    assert_eq!(repr(&session, "int(frame.a.sum())").await, "1249975000");
+}
+
+#[tokio::test]
 async fn a_named_session_comes_back_in_a_new_engine() {
     let dir = state_dir();
     let first = engine_in(&dir).await;

@@ -162,6 +162,16 @@ pub(super) struct RestoreReport {
 pub(super) type CheckpointReply = oneshot::Sender<Result<CheckpointSummary, SessionError>>;
 pub(super) type RestoreReply = oneshot::Sender<Result<RestoreSummary, SessionError>>;
 
+/// A checkpoint's place in the order checkpoints are stored: the order they were asked in,
+/// whatever order the worker's forked writers finish in. Sequences then follow the state they
+/// hold, and an incremental checkpoint finds in the store the groups it leaves out.
+struct StoreTurn {
+    /// Closes when the checkpoint asked before this one is stored, failed or dropped.
+    after: Option<oneshot::Receiver<()>>,
+    /// Dropped once this checkpoint is stored, failed or dropped.
+    done: oneshot::Sender<()>,
+}
+
 /// A request the worker has not answered yet.
 enum Pending {
     Checkpoint {
@@ -172,6 +182,7 @@ enum Pending {
         /// The ledger's mark when the checkpoint was asked for.
         mark: u64,
         started: Instant,
+        turn: StoreTurn,
     },
     Restore {
         reply: Option<RestoreReply>,
@@ -208,6 +219,8 @@ pub(super) struct Durability {
     /// checkpoints are removed; true once they are, after which nothing more is stored, so
     /// that a close racing a checkpoint leaves no file of the session behind.
     pub store_gate: Arc<std::sync::Mutex<bool>>,
+    /// Closes when the checkpoint asked last is stored, failed or dropped.
+    last_turn: Option<oneshot::Receiver<()>>,
 }
 
 impl Durability {
@@ -221,6 +234,15 @@ impl Durability {
     /// A timer of the old actor incarnation is gone after a restart.
     pub fn forget_timers(&mut self) {
         self.auto_timer = None;
+    }
+
+    /// The place in the storing order of a checkpoint asked now.
+    fn next_store_turn(&mut self) -> StoreTurn {
+        let (done, closed) = oneshot::channel();
+        StoreTurn {
+            after: self.last_turn.replace(closed),
+            done,
+        }
     }
 
     /// A checkpoint failed for `reason`: results say so until one succeeds, and the next is
@@ -319,6 +341,7 @@ impl SessionActor {
                 }
             }
         });
+        let turn = self.durability.next_store_turn();
         self.durability.pending.insert(
             id,
             Pending::Checkpoint {
@@ -327,6 +350,7 @@ impl SessionActor {
                 execution_count,
                 mark: self.durability.ledger.mark(),
                 started: Instant::now(),
+                turn,
             },
         );
         self.durability.changes = 0;
@@ -346,6 +370,7 @@ impl SessionActor {
             execution_count,
             mark,
             started,
+            turn,
         }) = self.durability.pending.remove(id)
         else {
             return;
@@ -373,7 +398,7 @@ impl SessionActor {
         };
         let (saved, lost) = (report.saved, report.lost);
         let gate = self.durability.store_gate.clone();
-        let stored = tokio::task::spawn_blocking(move || {
+        let store_in_turn = move || {
             let removed = gate.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             if *removed {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -390,7 +415,16 @@ impl SessionActor {
             );
             let _ = std::fs::remove_dir_all(&dir);
             Some(stored)
-        });
+        };
+        let stored = async move {
+            if let Some(after) = turn.after {
+                // An error only says the earlier checkpoint was dropped: its turn is over.
+                let _ = after.await;
+            }
+            let stored = tokio::task::spawn_blocking(store_in_turn).await;
+            drop(turn.done);
+            stored
+        };
         ctx.spawn(stored.into_actor(self).map(move |stored, act, ctx| {
             let outcome = match stored {
                 // The session closed and its checkpoints are gone: nothing to report.
