@@ -86,6 +86,10 @@ pub enum ClusterError {
         node: String,
         advertise_url: String,
     },
+    /// This node drains (`node.drain`): it takes no session, new or taken over, and hands
+    /// those it holds to the store; another node serves them at their next request.
+    #[error("node {node} is draining: it takes no session; another node serves it")]
+    Draining { node: String },
     /// A checkpoint could not be moved between the local store and the shared one.
     #[error("move checkpoint {checkpoint} of session {session_id}: {message}")]
     Checkpoint {

@@ -539,3 +539,82 @@ async fn a_request_at_the_wrong_node_is_forwarded_to_the_holder() {
         .get(0);
     assert_eq!(holder, "node-a", "forwarding claims nothing");
 }
+
+#[tokio::test]
+async fn a_drained_node_hands_its_sessions_over_and_exits() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let (mut node_a, node_b) = two_nodes(&db, homes.path()).await;
+    let mut conn = node_a.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    let ran = execute(&node_a, &session, "alice", "x = 41").await;
+    assert_eq!(ran["result"]["status"], "ok", "{ran}");
+    drop(conn);
+
+    // An execution is running when the drain begins: it finishes, and its change goes over.
+    let mut busy = node_a.connect().await;
+    let code = "import time; time.sleep(2); x = x + 1; x";
+    let params = json!({"session_id": session, "owner": "alice", "code": code});
+    let running = tokio::spawn(async move { busy.request("session.execute", params).await.1 });
+    until("the execution runs", || async {
+        let params = json!({"session_id": session});
+        let info = node_a.connect().await.call("session.info", params).await;
+        info["state"] == "busy"
+    })
+    .await;
+    let mut drain = common::command(&node_a.home);
+    drain.env("PYVISOR_SERVER__SOCKET", &node_a.socket);
+    let config = node_a.home.join("pyvisor.toml");
+    let config = config.to_str().expect("a UTF-8 path").to_owned();
+    let drained = tokio::task::spawn_blocking(move || {
+        common::run(drain, "daemon", &["drain", "--config", &config], "")
+    });
+
+    // The cluster sees the node drain, and it takes no new session.
+    until("node A says it drains", || async {
+        let status = node_b
+            .connect()
+            .await
+            .call("cluster.status", json!({}))
+            .await;
+        status["nodes"][0]["draining"] == true
+    })
+    .await;
+    let mut fresh = node_a.connect().await;
+    let refused = fresh
+        .error_code("session.create", json!({"owner": "alice"}))
+        .await;
+    assert_eq!(refused, -32006, "a draining node takes no new session");
+
+    let finished = running.await.expect("the running execution");
+    assert_eq!(finished["result"]["result"]["repr"], "42", "{finished}");
+    let drained = drained.await.expect("pyvisor daemon drain");
+    assert!(
+        drained.status.success(),
+        "{}\n{}",
+        common::text(&drained.stderr),
+        node_a.log()
+    );
+    assert_eq!(node_a.wait_exit(Duration::from_secs(30)), Some(0));
+
+    // Node B serves the session at once (no lease to wait for), with the state node A had.
+    let answer = execute(&node_b, &session, "alice", "x").await;
+    assert_eq!(answer["result"]["result"]["repr"], "42", "{answer}");
+    let recovered = &answer["result"]["recovered"];
+    assert!(
+        recovered["from_node"].is_null(),
+        "released, not failed over: {recovered}"
+    );
+    assert_eq!(recovered["lost_executions"], 0, "{recovered}");
+    let listed = common::run_in(&node_b, "cluster", &["status", "--format", "json"], "");
+    let status: Value = serde_json::from_slice(&listed.stdout).expect("cluster status as JSON");
+    assert_eq!(status["nodes"][0]["node_id"], "node-a", "{status}");
+    assert_eq!(status["nodes"][0]["sessions"], 0, "{status}");
+    let table = common::text(&common::run_in(&node_b, "cluster", &["status"], "").stdout);
+    let row_a = table.lines().find(|line| line.starts_with("node-a"));
+    assert!(
+        row_a.is_some_and(|row| row.ends_with("draining")),
+        "{table}"
+    );
+}

@@ -81,6 +81,20 @@ pub enum DaemonCommand {
     Stop(StopArgs),
     /// Say whether the daemon runs, with its pid, socket, uptime, sessions and pool.
     Status(ConfigArg),
+    /// Drain this cluster node for an upgrade: it takes no new session, hands each session it
+    /// holds over to the cluster store (other nodes serve them at their next request) and
+    /// exits when none is left. Waits for the exit.
+    Drain(DrainArgs),
+}
+
+/// Arguments of `pyvisor daemon drain`.
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Seconds to wait for the node to hand its sessions over and exit (default 600).
+    #[arg(long, value_name = "SECS", default_value_t = 600.0)]
+    timeout: f64,
 }
 
 /// The config file option every `daemon` command takes, as `serve` does.
@@ -108,6 +122,7 @@ pub async fn run(command: DaemonCommand) -> u8 {
     let config = match &command {
         DaemonCommand::Start(args) | DaemonCommand::Status(args) => args.config.clone(),
         DaemonCommand::Stop(args) => args.config.config.clone(),
+        DaemonCommand::Drain(args) => args.config.config.clone(),
     };
     let daemon = match Daemon::load(config.as_deref()) {
         Ok(daemon) => daemon,
@@ -120,6 +135,7 @@ pub async fn run(command: DaemonCommand) -> u8 {
         DaemonCommand::Start(_) => (daemon.start().await, 1),
         DaemonCommand::Stop(args) => (daemon.stop(args).await, 1),
         DaemonCommand::Status(_) => (daemon.status().await, EXIT_UNKNOWN),
+        DaemonCommand::Drain(args) => (daemon.drain(args.timeout).await, 1),
     };
     result.unwrap_or_else(|err| {
         eprintln!("pyvisor: failed to {err:#}");
@@ -263,6 +279,36 @@ impl Daemon {
             lock.remove()?;
         }
         Ok(status)
+    }
+
+    /// `node.drain`, then waits until the daemon's socket no longer answers: it has handed
+    /// every session over and exited.
+    async fn drain(&self, timeout: f64) -> anyhow::Result<u8> {
+        let Ok(timeout) = Duration::try_from_secs_f64(timeout) else {
+            eprintln!("pyvisor: --timeout must be 0 or more seconds, got {timeout}");
+            return Ok(EXIT_USAGE);
+        };
+        let client = within("connect", Client::connect(&self.socket)).await?;
+        within(
+            "node.drain",
+            client.call("node.drain", serde_json::json!({})),
+        )
+        .await?;
+        drop(client);
+        println!("pyvisor: draining: the node hands its sessions over to the cluster, then exits");
+        let deadline = Instant::now() + timeout;
+        while health(&self.socket).await.is_ok() {
+            if Instant::now() >= deadline {
+                eprintln!(
+                    "pyvisor: the node still runs after {}; it goes on draining: run                      `pyvisor cluster status` to follow it",
+                    seconds(timeout)
+                );
+                return Ok(1);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        println!("pyvisor: drained; the node has exited");
+        Ok(0)
     }
 
     /// `stop` with the PID file's lock held.

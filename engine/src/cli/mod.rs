@@ -2,6 +2,7 @@
 
 mod backend;
 mod block;
+mod cluster;
 mod completer;
 mod config;
 mod daemon;
@@ -23,6 +24,7 @@ mod top;
 
 use clap::{Parser, Subcommand};
 
+pub use cluster::ClusterCommand;
 pub use config::ConfigCommand;
 pub use daemon::DaemonCommand;
 pub use exec::ExecArgs;
@@ -60,7 +62,12 @@ enum Command {
     },
     /// Run the supervisor daemon in the foreground (JSON-RPC on a Unix socket or stdio).
     Serve(ServeArgs),
-    /// Run the daemon in the background: start, stop, status (with a PID file).
+    /// The nodes sharing this daemon's cluster store.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// Run the daemon in the background: start, stop, status (with a PID file), drain.
     Daemon {
         #[command(subcommand)]
         command: DaemonCommand,
@@ -102,6 +109,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Repl(args) => repl::run(args).await,
         Command::Config { command } => config::run(command),
         Command::Serve(args) => serve::run(args).await,
+        Command::Cluster { command } => cluster::run(command).await,
         Command::Daemon { command } => daemon::run(command).await,
         Command::Session { command } => session::run(command).await,
         Command::Logs(args) => logs::run(args),

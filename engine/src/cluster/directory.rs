@@ -5,7 +5,8 @@
 //! clocks disagree still agree on whether a lease ran out. A node registers a session it
 //! creates under epoch 1; [`claim`] takes a session whose lease ran out (or that the node
 //! held already, before a restart) and bumps its epoch; [`renew`] extends every lease a node
-//! holds in one statement per heartbeat and tells which it no longer holds.
+//! holds in one statement per heartbeat and tells which it no longer holds; [`release`] lets
+//! a draining node give a session up with its checkpoint in the store.
 
 use std::time::Duration;
 
@@ -67,7 +68,7 @@ pub async fn join(store: &Store, node_id: &str, advertise_url: &str) -> Result<(
             "INSERT INTO pyvisor_nodes (node_id, advertise_url) VALUES ($1, $2)
              ON CONFLICT (node_id) DO UPDATE
                  SET advertise_url = EXCLUDED.advertise_url, started_at = now(),
-                     heartbeat_at = now()",
+                     heartbeat_at = now(), draining = false",
             &[&node_id, &advertise_url],
         )
         .await
@@ -212,6 +213,44 @@ pub async fn remove(
         .await
         .map_err(failed("remove the session from the cluster store"))?;
     Ok(removed > 0)
+}
+
+/// Records that `node_id` drains: it takes no new session and releases those it holds.
+pub async fn mark_draining(store: &Store, node_id: &str) -> Result<(), ClusterError> {
+    store
+        .client()
+        .await?
+        .execute(
+            "UPDATE pyvisor_nodes SET draining = true WHERE node_id = $1",
+            &[&node_id],
+        )
+        .await
+        .map_err(failed("mark the node draining in the cluster store"))?;
+    Ok(())
+}
+
+/// Lets go of a session `node_id` holds under `epoch`, its checkpoint in the store: the
+/// session stays in the directory, held by no node, and the next request for it on any node
+/// claims it at once. Returns whether this node still held it.
+pub async fn release(store: &Store, node_id: &str, held: &Held) -> Result<bool, ClusterError> {
+    let released = store
+        .client()
+        .await?
+        .execute(
+            "UPDATE pyvisor_sessions
+                 SET holder = NULL, lease_expires_at = now(),
+                     execution_count = greatest(execution_count, $4)
+             WHERE session_id = $1 AND holder = $2 AND epoch = $3",
+            &[
+                &held.session_id,
+                &node_id,
+                &held.epoch,
+                &held.execution_count,
+            ],
+        )
+        .await
+        .map_err(failed("release the session in the cluster store"))?;
+    Ok(released > 0)
 }
 
 /// Whether `err` is the store refusing a write under a stale epoch.

@@ -88,6 +88,10 @@ const MIGRATIONS: &[&str] = &[
     CREATE TRIGGER pyvisor_blob_chunks_fence BEFORE INSERT OR UPDATE ON pyvisor_blob_chunks
         FOR EACH ROW EXECUTE FUNCTION pyvisor_fence();
     "#,
+    // 2: a node that drains (`node.drain`) says so to the others and to `cluster.status`.
+    r#"
+    ALTER TABLE pyvisor_nodes ADD COLUMN draining boolean NOT NULL DEFAULT false;
+    "#,
 ];
 
 /// The schema version this build knows.

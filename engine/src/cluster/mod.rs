@@ -15,10 +15,12 @@
 //! - [`forward`]: requests sent on to the node that holds their session.
 //! - [`status`]: `cluster.status`, the nodes and their sessions as the store sees them.
 //! - [`node`]: the node at run time: its heartbeat, the checkpoint upload, failover.
+//! - [`drain`]: `node.drain`, each held session handed over to the store before the node stops.
 
 pub mod checkpoints;
 pub mod config;
 pub mod directory;
+pub mod drain;
 pub mod forward;
 pub mod migrations;
 pub mod node;

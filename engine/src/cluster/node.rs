@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use pyvisor_actors::session::StateSetup;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::checkpoints::{self, Writer};
@@ -28,11 +29,11 @@ use crate::{Engine, Recovered, Session, SessionOptions};
 
 /// A node of the cluster.
 pub struct Node {
-    config: ClusterConfig,
-    store: Store,
-    engine: Engine,
+    pub(super) config: ClusterConfig,
+    pub(super) store: Store,
+    pub(super) engine: Engine,
     /// The sessions this node holds, by id.
-    held: Mutex<HashMap<String, Holding>>,
+    pub(super) held: Mutex<HashMap<String, Holding>>,
     /// What sessions taken over from another node came back with, for their next result.
     recovered: Mutex<HashMap<String, Recovered>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -41,26 +42,35 @@ pub struct Node {
     /// Whether the last heartbeat reached the store.
     store_reachable: AtomicBool,
     forwarder: Forwarder,
+    /// Held by the uploader for a pass and by a drain for each session it hands over, so
+    /// that an older checkpoint is never uploaded after the one a drain handed over.
+    pub(super) uploading: tokio::sync::Mutex<()>,
+    /// Set by `node.drain`; true once every held session has been handed over.
+    pub(super) draining: AtomicBool,
+    pub(super) drained: watch::Sender<bool>,
 }
 
 /// A session this node holds.
 #[derive(Debug, Clone)]
-struct Holding {
-    epoch: i64,
+pub(super) struct Holding {
+    pub(super) epoch: i64,
     /// Its key in the local checkpoint store.
-    key: String,
+    pub(super) key: String,
     /// Executions of the session, across nodes, before this node's engine took it over.
-    base: u64,
+    pub(super) base: u64,
     /// Executions this node's engine ran in it.
-    count: u64,
+    pub(super) count: u64,
     /// The local checkpoint last uploaded (its sequence).
-    uploaded: Option<u64>,
+    pub(super) uploaded: Option<u64>,
     /// The store's checkpoint is on its way into the local store: nothing local is newer
     /// than it, so nothing is uploaded meanwhile.
     restoring: bool,
     /// Until when this node can prove it holds the session, by its own clock: the lease's
     /// length after the last renewal was sent, never later than the store's expiry.
     valid_until: Instant,
+    /// A drain is handing it over: its requests are refused and nothing uploads it but the
+    /// drain.
+    pub(super) releasing: bool,
 }
 
 impl Node {
@@ -80,6 +90,9 @@ impl Node {
             taking_over: tokio::sync::Mutex::new(()),
             store_reachable: AtomicBool::new(true),
             forwarder,
+            uploading: tokio::sync::Mutex::new(()),
+            draining: AtomicBool::new(false),
+            drained: watch::channel(false).0,
         });
         let heartbeat = tokio::spawn(every_heartbeat(Arc::downgrade(&node), |node| {
             Box::pin(async move { node.heartbeat().await })
@@ -107,7 +120,7 @@ impl Node {
         &self.forwarder
     }
 
-    fn lock_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Holding>> {
+    pub(super) fn lock_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Holding>> {
         self.held
             .lock()
             .expect("the held sessions lock is never poisoned")
@@ -125,6 +138,7 @@ impl Node {
         if session.attached() || self.lock_held().contains_key(session.id()) {
             return Ok(());
         }
+        self.refuse_when_draining()?;
         let registering = Instant::now();
         let epoch = directory::register(
             &self.store,
@@ -147,6 +161,7 @@ impl Node {
                 uploaded: None,
                 restoring: false,
                 valid_until,
+                releasing: false,
             },
         );
         Ok(())
@@ -164,6 +179,7 @@ impl Node {
     /// node claimed it meanwhile.
     pub fn check_lease(&self, session_id: &str) -> Result<bool, ClusterError> {
         match self.lock_held().get(session_id) {
+            Some(holding) if holding.releasing => Err(self.draining_error()),
             Some(holding) if holding.valid_until < Instant::now() => {
                 Err(ClusterError::LeaseExpired {
                     session_id: session_id.to_owned(),
@@ -212,6 +228,7 @@ impl Node {
             // Taken over by a request that came first.
             return Ok(self.engine.session(session_id, owner).await.ok());
         }
+        self.refuse_when_draining()?;
         let Some(entry) = directory::lookup(&self.store, session_id).await? else {
             return Ok(None);
         };
@@ -256,6 +273,7 @@ impl Node {
                 uploaded: None,
                 restoring: true,
                 valid_until: claiming + self.config.lease_ttl,
+                releasing: false,
             },
         );
         let downloaded = match self.engine.checkpoint_store() {
@@ -365,11 +383,13 @@ impl Node {
         }
     }
 
-    /// Uploads the newest local checkpoint of every held session the store lacks.
+    /// Uploads the newest local checkpoint of every held session the store lacks (a session
+    /// a drain hands over is the drain's to upload).
     async fn upload_checkpoints(&self) {
         let Some((local, _)) = self.engine.checkpoint_store() else {
             return;
         };
+        let _pass = self.uploading.lock().await;
         let held: Vec<(String, Holding)> = self
             .lock_held()
             .iter()
@@ -382,7 +402,11 @@ impl Node {
                 .ok()
                 .and_then(Result::ok)
                 .and_then(|list| list.into_iter().next());
-            let Some(newest) = newest.filter(|_| !holding.restoring) else {
+            let releasing = self
+                .lock_held()
+                .get(&session_id)
+                .is_none_or(|h| h.releasing);
+            let Some(newest) = newest.filter(|_| !holding.restoring && !releasing) else {
                 continue;
             };
             if holding.uploaded == Some(newest.id.sequence()) {
@@ -411,7 +435,7 @@ impl Node {
     }
 
     /// Another node claimed the session held under `epoch`: stop serving it here.
-    async fn lose(&self, session_id: &str, epoch: i64) {
+    pub(super) async fn lose(&self, session_id: &str, epoch: i64) {
         {
             let mut held = self.lock_held();
             if held.get(session_id).map(|h| h.epoch) != Some(epoch) {

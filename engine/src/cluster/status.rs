@@ -1,5 +1,5 @@
 //! `cluster.status`: the nodes sharing the store, how long ago each one's heartbeat reached
-//! it, and the sessions each one holds, as the store sees them now.
+//! it, the sessions each one holds and whether it drains, as the store sees them now.
 
 use serde::Serialize;
 
@@ -24,6 +24,8 @@ pub struct NodeStatus {
     pub heartbeat_age_ms: i64,
     /// Sessions it holds under a lease that still runs.
     pub sessions: i64,
+    /// Whether it drains: it takes no new session and releases those it holds.
+    pub draining: bool,
 }
 
 /// Reads the cluster's status from the store.
@@ -37,7 +39,8 @@ pub async fn status(store: &Store) -> Result<ClusterStatus, ClusterError> {
         .query(
             "SELECT n.node_id, n.advertise_url,
                     (extract(epoch FROM now() - n.heartbeat_at) * 1000)::bigint,
-                    count(s.session_id) FILTER (WHERE s.lease_expires_at >= now())
+                    count(s.session_id) FILTER (WHERE s.lease_expires_at >= now()),
+                    n.draining
              FROM pyvisor_nodes n LEFT JOIN pyvisor_sessions s ON s.holder = n.node_id
              GROUP BY n.node_id ORDER BY n.node_id",
             &[],
@@ -50,6 +53,7 @@ pub async fn status(store: &Store) -> Result<ClusterStatus, ClusterError> {
             advertise_url: row.get(1),
             heartbeat_age_ms: row.get::<_, i64>(2).max(0),
             sessions: row.get(3),
+            draining: row.get(4),
         })
         .collect();
     let sessions = client

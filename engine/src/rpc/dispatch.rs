@@ -185,6 +185,11 @@ impl Dispatcher {
                 no_params(params)?;
                 encode(self.cluster_status(&at).await?)
             }
+            method::NODE_DRAIN => {
+                no_params(params)?;
+                self.drain(&at).await?;
+                encode(serde_json::json!({}))
+            }
             task::RUN | task::CANCEL => {
                 at.unpinned()?;
                 task::call(&self.engine, at.owner(), method, params, out).await

@@ -126,6 +126,11 @@ impl From<crate::errors::ClusterError> for RpcError {
             err @ ClusterError::LeaseExpired { .. } => {
                 RpcError::new(code::HELD_ELSEWHERE, err.to_string())
             }
+            ClusterError::Draining { ref node } => RpcError {
+                code: code::SHUTTING_DOWN,
+                message: err.to_string(),
+                data: Some(serde_json::json!({"node": node, "draining": true})),
+            },
             other => RpcError::new(code::ENGINE_ERROR, other.to_string()),
         }
     }

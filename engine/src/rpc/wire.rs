@@ -528,6 +528,7 @@ pub mod method {
     pub const STATS: &str = "engine.stats";
     pub const HEALTH: &str = "engine.health";
     pub const CLUSTER_STATUS: &str = "cluster.status";
+    pub const NODE_DRAIN: &str = "node.drain";
 }
 
 /// Notification names, as docs/protocol.md spells them.

@@ -334,10 +334,13 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
 
-/// `GET /readyz`: the pool is warm, no stop has begun, and a cluster node reaches its store.
+/// `GET /readyz`: the pool is warm, no stop or drain has begun, and a cluster node reaches its
+/// store.
 async fn readyz(state: web::Data<State>) -> HttpResponse {
     if state.dispatcher.is_stopping() {
         HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "stopping"}))
+    } else if state.dispatcher.is_draining() {
+        HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "draining"}))
     } else if !state.dispatcher.store_reachable() {
         HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "store unreachable"}))
     } else if state.ready.load(Ordering::SeqCst) {

@@ -96,12 +96,24 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
         .await
         .map_err(ServeError::Engine)?;
     let dispatcher = Dispatcher::new(engine.clone(), limits);
+    let mut drained = None;
     if let Some(cluster) = options.cluster {
         let node = Node::start(cluster, engine.clone())
             .await
             .map_err(ServeError::Cluster)?;
+        drained = Some(node.drained());
         dispatcher.join_cluster(node);
     }
+    // A drained node stops as on SIGTERM; a node outside a cluster never drains.
+    let drained = async move {
+        match drained {
+            Some(mut drained) => {
+                let _ = drained.wait_for(|done| *done).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(drained);
     let (stop_tx, stop_rx) = watch::channel(false);
 
     // HTTP first: it installs the Prometheus recorder, and what the engine records before
@@ -173,6 +185,7 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
             _ = stdio_done.wait_for(|done| *done) => break,
+            _ = &mut drained => break,
             _ = hangup.recv() => apply_reload(&engine, &dispatcher, &reload).await,
         }
     }

@@ -132,19 +132,44 @@ impl Dispatcher {
 
     /// `cluster.status`, for admins who reach every session (it counts every owner's).
     pub(super) async fn cluster_status(&self, at: &Scope<'_>) -> Result<ClusterStatus, RpcError> {
+        let node = self.admin_node(at, "cluster.status counts every owner's sessions")?;
+        Ok(status(node.store()).await?)
+    }
+
+    /// `node.drain`, for admins: starts handing every session over and stops the daemon
+    /// once none is left (docs/cluster.md#draining).
+    pub(super) async fn drain(&self, at: &Scope<'_>) -> Result<(), RpcError> {
+        let node = self.admin_node(at, "node.drain hands every owner's sessions over")?;
+        Ok(node.drain().await?)
+    }
+
+    /// This dispatcher's node, for a call only admins may make (`why` says why).
+    fn admin_node(&self, at: &Scope<'_>, why: &str) -> Result<&Arc<Node>, RpcError> {
         if at.owner().is_some() {
             return Err(RpcError::new(
                 code::UNAUTHORIZED,
-                "unauthorized: cluster.status counts every owner's sessions; admins only",
+                format!("unauthorized: {why}; admins only"),
             ));
         }
-        let Some(node) = self.cluster.get() else {
-            return Err(RpcError::new(
+        self.cluster.get().ok_or_else(|| {
+            RpcError::new(
                 code::ENGINE_ERROR,
                 "this node is not part of a cluster (no [cluster] store)",
-            ));
-        };
-        Ok(status(node.store()).await?)
+            )
+        })
+    }
+
+    /// Refuses a new session while this node drains.
+    pub(super) fn refuse_when_draining(&self) -> Result<(), RpcError> {
+        match self.cluster.get() {
+            Some(node) => Ok(node.refuse_when_draining()?),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether this node drains (`/readyz`); false without a cluster.
+    pub fn is_draining(&self) -> bool {
+        self.cluster.get().is_some_and(|node| node.is_draining())
     }
 
     /// Notes a result's execution count for the heartbeat, says which node ran it, and gives

@@ -21,6 +21,7 @@ impl Dispatcher {
         params: wire::CreateParams,
     ) -> Result<wire::Created, RpcError> {
         at.unpinned()?;
+        self.refuse_when_draining()?;
         if let Some(name) = &params.name {
             check_name(name)?;
         }
