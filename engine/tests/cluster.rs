@@ -489,10 +489,12 @@ fn free_port() -> u16 {
 async fn a_request_at_the_wrong_node_is_forwarded_to_the_holder() {
     let db = postgres::database().await;
     let homes = tempfile::tempdir().expect("temp dir");
-    let mut nodes = Vec::new();
+    let (mut nodes, mut ports) = (Vec::new(), Vec::new());
     for id in ["node-a", "node-b"] {
         let home = homes.path().join(id);
-        let addr = format!("127.0.0.1:{}", free_port());
+        let port = free_port();
+        ports.push(port);
+        let addr = format!("127.0.0.1:{port}");
         let config = advertised_node_config(&home, &db, id, &format!("http://{addr}"));
         let args = ["--config", config.to_str().unwrap(), "--http", &addr];
         nodes.push(Daemon::start_in(&home, &args, &[]).await);
@@ -538,6 +540,24 @@ async fn a_request_at_the_wrong_node_is_forwarded_to_the_holder() {
         .expect("the directory row")
         .get(0);
     assert_eq!(holder, "node-a", "forwarding claims nothing");
+
+    // The metrics say so: node B forwarded, node A holds one lease it registered.
+    let (_, metrics_b) = http_get(ports[1], "/metrics", None).await;
+    let forwarded = metric(&metrics_b, "pyvisor_cluster_forwarded_total");
+    assert!(forwarded >= 2.0, "{metrics_b}");
+    let (_, metrics_a) = http_get(ports[0], "/metrics", None).await;
+    let claimed = r#"pyvisor_cluster_leases_total{event="claimed"}"#;
+    assert_eq!(metric(&metrics_a, claimed), 1.0, "{metrics_a}");
+    let registered = r#"pyvisor_cluster_store_seconds_count{op="register"}"#;
+    assert_eq!(metric(&metrics_a, registered), 1.0, "{metrics_a}");
+}
+
+/// The value of the series `series` (name and labels as exported) in a `/metrics` text;
+/// 0 when it is absent.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.trim().parse().expect("a number"))
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use super::checkpoints::{self, Writer};
 use super::directory::{self, Held};
+use super::metrics;
 use super::node::Node;
 use crate::errors::ClusterError;
 use crate::Session;
@@ -114,7 +115,8 @@ impl Node {
                 epoch,
             };
             if holding.uploaded != Some(id.sequence()) {
-                match checkpoints::upload(&self.store, local, writer, id, holding.base).await {
+                let upload = checkpoints::upload(&self.store, local, writer, id, holding.base);
+                match metrics::timed("upload", upload).await {
                     Ok(_) => {}
                     Err(ClusterError::Fenced { epoch, .. }) => {
                         self.lose(session_id, epoch).await;
@@ -129,7 +131,8 @@ impl Node {
             epoch,
             execution_count: (holding.base + holding.count) as i64,
         };
-        let released = directory::release(&self.store, &self.config.node_id, &held).await?;
+        let release = directory::release(&self.store, &self.config.node_id, &held);
+        let released = metrics::timed("release", release).await?;
         self.lock_held().remove(session_id);
         tracing::info!(session = session_id, released, "handed the session over");
         if let Some(session) = session {

@@ -13,6 +13,7 @@
 //! - [`directory`]: the session directory and its leases (register, claim, renew, remove).
 //! - [`checkpoints`]: checkpoints copied between a node's local store and the shared one.
 //! - [`forward`]: requests sent on to the node that holds their session.
+//! - [`metrics`]: leases, forwarded requests, failovers, the store's latency.
 //! - [`status`]: `cluster.status`, the nodes and their sessions as the store sees them.
 //! - [`node`]: the node at run time: its heartbeat, the checkpoint upload, failover.
 //! - [`drain`]: `node.drain`, each held session handed over to the store before the node stops.
@@ -22,6 +23,7 @@ pub mod config;
 pub mod directory;
 pub mod drain;
 pub mod forward;
+pub mod metrics;
 pub mod migrations;
 pub mod node;
 pub mod status;

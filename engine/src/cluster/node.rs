@@ -23,6 +23,7 @@ use super::checkpoints::{self, Writer};
 use super::config::ClusterConfig;
 use super::directory::{self, Held};
 use super::forward::Forwarder;
+use super::metrics::{self, LeaseEvent};
 use super::store::{Store, WAIT};
 use crate::errors::ClusterError;
 use crate::{Engine, Recovered, Session, SessionOptions};
@@ -71,6 +72,8 @@ pub(super) struct Holding {
     /// A drain is handing it over: its requests are refused and nothing uploads it but the
     /// drain.
     pub(super) releasing: bool,
+    /// Its lease ran out by this node's clock and was counted so; cleared by a renewal.
+    expired: bool,
 }
 
 impl Node {
@@ -140,15 +143,16 @@ impl Node {
         }
         self.refuse_when_draining()?;
         let registering = Instant::now();
-        let epoch = directory::register(
+        let registration = directory::register(
             &self.store,
             &self.config.node_id,
             self.config.lease_ttl,
             session.id(),
             session.name(),
             session.owner(),
-        )
-        .await?;
+        );
+        let epoch = metrics::timed("register", registration).await?;
+        metrics::leases(LeaseEvent::Claimed, 1);
         let valid_until = registering + self.config.lease_ttl;
         let key = StateSetup::key_for(session.owner(), session.name(), session.id());
         self.lock_held().insert(
@@ -162,6 +166,7 @@ impl Node {
                 restoring: false,
                 valid_until,
                 releasing: false,
+                expired: false,
             },
         );
         Ok(())
@@ -251,8 +256,8 @@ impl Node {
             &self.config.node_id,
             self.config.lease_ttl,
             session_id,
-        )
-        .await?;
+        );
+        let claim = metrics::timed("claim", claim).await?;
         let Some(claim) = claim else {
             // Another node claimed it first.
             return match directory::lookup(&self.store, session_id).await? {
@@ -274,11 +279,13 @@ impl Node {
                 restoring: true,
                 valid_until: claiming + self.config.lease_ttl,
                 releasing: false,
+                expired: false,
             },
         );
         let downloaded = match self.engine.checkpoint_store() {
             Some((local, scratch)) => {
-                checkpoints::download(&self.store, local, scratch, session_id, &key).await
+                let download = checkpoints::download(&self.store, local, scratch, session_id, &key);
+                metrics::timed("download", download).await
             }
             None => Ok(None),
         };
@@ -326,6 +333,10 @@ impl Node {
             fresh_namespace: downloaded.is_none(),
             from_node: claim.from_node.clone().or(entry.holder.clone()),
         };
+        metrics::leases(LeaseEvent::Claimed, 1);
+        if recovered.from_node.is_some() {
+            metrics::failover();
+        }
         tracing::info!(
             session = session_id,
             from = ?recovered.from_node,
@@ -358,14 +369,14 @@ impl Node {
             self.config.lease_ttl,
             &held,
         );
-        let renewed = match tokio::time::timeout(WAIT, renewal).await {
+        let renewed = match metrics::timed("heartbeat", tokio::time::timeout(WAIT, renewal)).await {
             Ok(Ok(renewed)) => renewed,
             Ok(Err(err)) => {
-                self.store_reachable.store(false, Ordering::SeqCst);
+                self.store_lost();
                 return tracing::warn!(error = %err, "heartbeat failed");
             }
             Err(_) => {
-                self.store_reachable.store(false, Ordering::SeqCst);
+                self.store_lost();
                 return tracing::warn!("heartbeat failed: the store did not answer in time");
             }
         };
@@ -375,12 +386,29 @@ impl Node {
             for id in &renewed {
                 if let Some(holding) = holdings.get_mut(id) {
                     holding.valid_until = sent + self.config.lease_ttl;
+                    holding.expired = false;
                 }
             }
         }
+        metrics::leases(LeaseEvent::Renewed, renewed.len() as u64);
         for lost in held.iter().filter(|h| !renewed.contains(&h.session_id)) {
             self.lose(&lost.session_id, lost.epoch).await;
         }
+    }
+
+    /// A heartbeat did not reach the store: `/readyz` says so, and leases that ran out by
+    /// this node's clock meanwhile are counted once.
+    fn store_lost(&self) {
+        self.store_reachable.store(false, Ordering::SeqCst);
+        let now = Instant::now();
+        let mut expired = 0;
+        for holding in self.lock_held().values_mut() {
+            if holding.valid_until < now && !holding.expired {
+                holding.expired = true;
+                expired += 1;
+            }
+        }
+        metrics::leases(LeaseEvent::Expired, expired);
     }
 
     /// Uploads the newest local checkpoint of every held session the store lacks (a session
@@ -418,7 +446,8 @@ impl Node {
                 node_id: &self.config.node_id,
                 epoch: holding.epoch,
             };
-            match checkpoints::upload(&self.store, local, writer, newest.id, holding.base).await {
+            let upload = checkpoints::upload(&self.store, local, writer, newest.id, holding.base);
+            match metrics::timed("upload", upload).await {
                 Ok(uploaded) => {
                     tracing::debug!(session = %session_id, checkpoint = %uploaded.checkpoint_id,
                         sent = uploaded.sent_bytes, stored = uploaded.stored_bytes,
@@ -443,6 +472,7 @@ impl Node {
             }
             held.remove(session_id);
         }
+        metrics::leases(LeaseEvent::Lost, 1);
         tracing::warn!(
             session = session_id,
             epoch,

@@ -227,6 +227,7 @@ fn start_http(
         Ok(handle) => {
             pyvisor_actors::metrics::describe();
             crate::llm::describe();
+            crate::cluster::metrics::describe();
             Some(handle)
         }
         Err(err) => {

@@ -125,7 +125,10 @@ impl Dispatcher {
             .forward(url, method, params, owner.as_deref())
             .await
         {
-            Some(answer) => answer,
+            Some(answer) => {
+                crate::cluster::metrics::forwarded();
+                answer
+            }
             None => Err(err),
         }
     }
