@@ -196,11 +196,22 @@ fn advertised_node_config(
     node_id: &str,
     url: &str,
 ) -> std::path::PathBuf {
+    node_config_with(home, db, node_id, url, "")
+}
+
+/// [`advertised_node_config`] with `extra` TOML sections.
+fn node_config_with(
+    home: &Path,
+    db: &postgres::Database,
+    node_id: &str,
+    url: &str,
+    extra: &str,
+) -> std::path::PathBuf {
     std::fs::create_dir_all(home).expect("the node's home");
     let path = home.join("pyvisor.toml");
     let text = format!(
         "[pool]\nmin_idle = 1\n\n[cluster]\nstore = \"{}\"\nnode_id = \"{node_id}\"\n\
-         advertise_url = \"{url}\"\nlease_ttl_s = 1.0\n",
+         advertise_url = \"{url}\"\nlease_ttl_s = 1.0\n\n{extra}",
         db.url()
     );
     std::fs::write(&path, text).expect("write the node's config");
@@ -256,10 +267,15 @@ async fn execute_once_free(node: &Daemon, session: &str, code: &str) -> Value {
 
 /// Nodes `node-a` and `node-b` of the store `db`, their homes under `homes`.
 async fn two_nodes(db: &postgres::Database, homes: &Path) -> (Daemon, Daemon) {
+    two_nodes_with(db, homes, "").await
+}
+
+/// [`two_nodes`] with `extra` TOML sections in both configs.
+async fn two_nodes_with(db: &postgres::Database, homes: &Path, extra: &str) -> (Daemon, Daemon) {
     let mut nodes = Vec::new();
     for id in ["node-a", "node-b"] {
         let home = homes.join(id);
-        let config = node_config(&home, db, id);
+        let config = node_config_with(&home, db, id, "http://127.0.0.1:9", extra);
         nodes.push(Daemon::start_in(&home, &["--config", config.to_str().unwrap()], &[]).await);
     }
     let node_b = nodes.pop().expect("two nodes");
@@ -558,6 +574,31 @@ fn metric(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .map_or(0.0, |value| value.trim().parse().expect("a number"))
+}
+
+#[tokio::test]
+async fn with_reply_durability_a_nodes_death_loses_no_acknowledged_execution() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let durable = "[state]\ndurability = \"reply\"\n";
+    let (mut node_a, node_b) = two_nodes_with(&db, homes.path(), durable).await;
+    let mut conn = node_a.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    for n in 1..=5 {
+        let ran = execute(&node_a, &session, "alice", &format!("n = {n}")).await;
+        assert_eq!(ran["result"]["status"], "ok", "{ran}");
+        assert_eq!(ran["result"]["warnings"], json!([]), "{ran}");
+    }
+    // Killed right after the last reply: no heartbeat has had the time to upload anything.
+    node_a.child.kill().expect("kill -9 node A");
+    node_a.child.wait().expect("reap node A");
+
+    let answer = execute_once_free(&node_b, &session, "n").await;
+    assert_eq!(answer["result"]["result"]["repr"], "5", "{answer}");
+    let recovered = &answer["result"]["recovered"];
+    assert_eq!(recovered["from_node"], "node-a", "{recovered}");
+    assert_eq!(recovered["lost_executions"], 0, "{recovered}");
 }
 
 #[tokio::test]

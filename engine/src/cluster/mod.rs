@@ -16,6 +16,7 @@
 //! - [`metrics`]: leases, forwarded requests, failovers, the store's latency.
 //! - [`status`]: `cluster.status`, the nodes and their sessions as the store sees them.
 //! - [`node`]: the node at run time: its heartbeat, the checkpoint upload, failover.
+//! - [`upload`]: checkpoints sent to the store, per heartbeat and before a durable reply.
 //! - [`drain`]: `node.drain`, each held session handed over to the store before the node stops.
 
 pub mod checkpoints;
@@ -28,6 +29,7 @@ pub mod migrations;
 pub mod node;
 pub mod status;
 pub mod store;
+pub mod upload;
 
 pub use config::ClusterConfig;
 pub use directory::{Claim, Entry};

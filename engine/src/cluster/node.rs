@@ -19,7 +19,7 @@ use pyvisor_actors::session::StateSetup;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::checkpoints::{self, Writer};
+use super::checkpoints;
 use super::config::ClusterConfig;
 use super::directory::{self, Held};
 use super::forward::Forwarder;
@@ -65,7 +65,7 @@ pub(super) struct Holding {
     pub(super) uploaded: Option<u64>,
     /// The store's checkpoint is on its way into the local store: nothing local is newer
     /// than it, so nothing is uploaded meanwhile.
-    restoring: bool,
+    pub(super) restoring: bool,
     /// Until when this node can prove it holds the session, by its own clock: the lease's
     /// length after the last renewal was sent, never later than the store's expiry.
     valid_until: Instant,
@@ -409,58 +409,6 @@ impl Node {
             }
         }
         metrics::leases(LeaseEvent::Expired, expired);
-    }
-
-    /// Uploads the newest local checkpoint of every held session the store lacks (a session
-    /// a drain hands over is the drain's to upload).
-    async fn upload_checkpoints(&self) {
-        let Some((local, _)) = self.engine.checkpoint_store() else {
-            return;
-        };
-        let _pass = self.uploading.lock().await;
-        let held: Vec<(String, Holding)> = self
-            .lock_held()
-            .iter()
-            .map(|(id, holding)| (id.clone(), holding.clone()))
-            .collect();
-        for (session_id, holding) in held {
-            let (store, key) = (local.clone(), holding.key.clone());
-            let newest = tokio::task::spawn_blocking(move || store.list(&key))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .and_then(|list| list.into_iter().next());
-            let releasing = self
-                .lock_held()
-                .get(&session_id)
-                .is_none_or(|h| h.releasing);
-            let Some(newest) = newest.filter(|_| !holding.restoring && !releasing) else {
-                continue;
-            };
-            if holding.uploaded == Some(newest.id.sequence()) {
-                continue;
-            }
-            let writer = Writer {
-                session_id: &session_id,
-                key: &holding.key,
-                node_id: &self.config.node_id,
-                epoch: holding.epoch,
-            };
-            let upload = checkpoints::upload(&self.store, local, writer, newest.id, holding.base);
-            match metrics::timed("upload", upload).await {
-                Ok(uploaded) => {
-                    tracing::debug!(session = %session_id, checkpoint = %uploaded.checkpoint_id,
-                        sent = uploaded.sent_bytes, stored = uploaded.stored_bytes,
-                        "checkpoint uploaded");
-                    if let Some(holding) = self.lock_held().get_mut(&session_id) {
-                        holding.uploaded = Some(newest.id.sequence());
-                    }
-                }
-                Err(ClusterError::Fenced { epoch, .. }) => self.lose(&session_id, epoch).await,
-                Err(err) => tracing::warn!(session = %session_id, error = %err,
-                    "checkpoint upload failed"),
-            }
-        }
     }
 
     /// Another node claimed the session held under `epoch`: stop serving it here.

@@ -129,7 +129,7 @@ impl Dispatcher {
                 let params: wire::ExecuteParams = decode(params)?;
                 let session_id = params.session_id.clone();
                 let mut result = self.execute(&at, params, out).await?;
-                self.note_result(&session_id, &mut result);
+                self.note_result(&session_id, &mut result).await;
                 encode(result)
             }
             method::INPUT => encode(self.input(&at, decode(params)?).await?),

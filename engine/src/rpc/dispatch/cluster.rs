@@ -176,12 +176,19 @@ impl Dispatcher {
     }
 
     /// Notes a result's execution count for the heartbeat, says which node ran it, and gives
-    /// the first result of a session taken over what it came back with.
-    pub(super) fn note_result(&self, session_id: &str, result: &mut ExecutionResult) {
+    /// the first result of a session taken over what it came back with. With `[state]
+    /// durability = "reply"`, the result waits for its checkpoint to reach the store, and
+    /// warns when it could not.
+    pub(super) async fn note_result(&self, session_id: &str, result: &mut ExecutionResult) {
         let Some(node) = self.cluster.get() else {
             return;
         };
         node.executed(session_id, result.execution_count);
+        if let Err(err) = node.upload_before_reply(session_id).await {
+            result.warnings.push(format!(
+                "state not saved in the cluster store (a death of this node loses it): {err}"
+            ));
+        }
         result.node = Some(node.node_id().to_owned());
         if let Some(recovered) = node.take_recovered(session_id) {
             // A crash of the new worker says more than where the session came from.
