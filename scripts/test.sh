@@ -34,19 +34,10 @@ fi
 PATH="$PWD/$venv/bin:$PATH"
 export PATH
 
-# The cluster tests (engine/tests/cluster.rs) start their own throwaway PostgreSQL from
-# Debian's packages. PostgreSQL refuses to run as root, so as root the script installs the
-# server and creates the system user it runs as; otherwise it runs as the caller, who needs
-# the server binaries (Debian's postgresql package) installed.
-if [ "$(id -u)" = 0 ]; then
-    if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v apt-get >/dev/null; then
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql
-    fi
-    if ! id pyvisor-pg >/dev/null 2>&1; then
-        useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin pyvisor-pg
-    fi
-fi
+# The cluster tests (engine/tests/cluster.rs, engine/tests/cluster_haproxy.rs) start their
+# own throwaway PostgreSQL and HAProxy from Debian's packages; as root this installs them and
+# the user PostgreSQL runs as (it refuses root). Otherwise the caller needs them installed.
+bash scripts/cluster-packages.sh
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings

@@ -48,6 +48,10 @@ struct CloseQuery {
     checkpoint: bool,
 }
 
+/// The header that names a new session's id in the answer to `POST /v1/sessions`, so that a
+/// load balancer can learn which node holds it (examples/cluster/haproxy.cfg).
+pub const SESSION_HEADER: &str = "X-Pyvisor-Session";
+
 /// `POST /v1/sessions`: 201 with a new session, 200 when `name` attached to a live one.
 async fn create(
     state: web::Data<State>,
@@ -56,14 +60,14 @@ async fn create(
 ) -> Result<HttpResponse, ApiError> {
     let params = body_object(&state, body).await?;
     let created = call(&state, &caller, method::CREATE, Value::Object(params)).await?;
-    let attached = serde_json::from_str::<Created>(created.get())
-        .map(|created| created.attached)
-        .unwrap_or(false);
-    let mut response = if attached {
-        HttpResponse::Ok()
-    } else {
-        HttpResponse::Created()
+    let created_as = serde_json::from_str::<Created>(created.get()).ok();
+    let mut response = match &created_as {
+        Some(created) if created.attached => HttpResponse::Ok(),
+        _ => HttpResponse::Created(),
     };
+    if let Some(created) = created_as {
+        response.insert_header((SESSION_HEADER, created.session_id));
+    }
     Ok(json_body(&mut response, created))
 }
 
