@@ -90,6 +90,10 @@ pub enum ClusterError {
     /// those it holds to the store; another node serves them at their next request.
     #[error("node {node} is draining: it takes no session; another node serves it")]
     Draining { node: String },
+    /// The owner already holds as many sessions across the cluster as
+    /// `limits.max_sessions_per_owner` allows.
+    #[error("create a session for owner {owner:?}: it already holds {limit} sessions across the cluster, the most one owner may hold (limits.max_sessions_per_owner)")]
+    TooManySessions { owner: String, limit: usize },
     /// A checkpoint could not be moved between the local store and the shared one.
     #[error("move checkpoint {checkpoint} of session {session_id}: {message}")]
     Checkpoint {

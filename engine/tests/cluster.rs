@@ -107,7 +107,7 @@ async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
     directory::join(&store, "node-b", "http://127.0.0.1:2")
         .await
         .unwrap();
-    let epoch_a = directory::register(&store, "node-a", ttl, "s-1", None, Some("alice"))
+    let epoch_a = directory::register(&store, "node-a", ttl, new_session("s-1", None))
         .await
         .expect("register");
     assert_eq!(epoch_a, 1);
@@ -181,6 +181,70 @@ async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
         .load("id:s-1", None)
         .expect("the checkpoint is local now");
     assert_eq!(loaded.payload, b"state of node B");
+}
+
+/// Alice's session `session_id`, to register under `quota`.
+fn new_session(session_id: &str, quota: Option<usize>) -> directory::NewSession<'_> {
+    directory::NewSession {
+        session_id,
+        name: None,
+        owner: Some("alice"),
+        owner_quota: quota,
+    }
+}
+
+#[tokio::test]
+async fn an_owners_quota_counts_its_sessions_across_nodes() {
+    let db = postgres::database().await;
+    let store = Store::open(&db.config()).await.expect("open the store");
+    let ttl = Duration::from_secs(5);
+    for node in ["node-a", "node-b"] {
+        directory::join(&store, node, "http://127.0.0.1:1")
+            .await
+            .unwrap();
+    }
+    // Two nodes register alice's sessions at once, 8 each, under a quota of 5: 5 are taken.
+    let ids: Vec<String> = (0..16).map(|n| format!("s-{n}")).collect();
+    let registering = ids.iter().enumerate().map(|(n, id)| {
+        let node = ["node-a", "node-b"][n % 2];
+        directory::register(&store, node, ttl, new_session(id, Some(5)))
+    });
+    let outcomes = futures::future::join_all(registering).await;
+    let taken = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
+    assert_eq!(taken, 5, "{outcomes:?}");
+    for refused in outcomes.iter().filter_map(|outcome| outcome.as_ref().err()) {
+        assert!(
+            matches!(refused, ClusterError::TooManySessions { limit: 5, .. }),
+            "{refused}"
+        );
+    }
+    // Another owner has a quota of its own.
+    let bob = directory::NewSession {
+        owner: Some("bob"),
+        ..new_session("s-bob", Some(5))
+    };
+    directory::register(&store, "node-a", ttl, bob)
+        .await
+        .expect("bob's first session");
+}
+
+#[tokio::test]
+async fn a_node_refuses_a_session_over_the_owners_quota_held_on_another_node() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let quota = "[limits]\nmax_sessions_per_owner = 1\n";
+    let (node_a, node_b) = two_nodes_with(&db, homes.path(), quota).await;
+    let created = (node_a.connect().await)
+        .call("session.create", json!({"owner": "alice"}))
+        .await;
+    assert!(created["session_id"].is_string(), "{created}");
+    let mut at_b = node_b.connect().await;
+    let refused = at_b
+        .error_code("session.create", json!({"owner": "alice"}))
+        .await;
+    assert_eq!(refused, -32005, "alice holds her one session on node A");
+    let bob = at_b.call("session.create", json!({"owner": "bob"})).await;
+    assert!(bob["session_id"].is_string(), "{bob}");
 }
 
 /// A cluster node's config: the store, its id, a short lease, one warm worker, and an

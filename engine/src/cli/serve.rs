@@ -88,6 +88,7 @@ pub async fn run(args: ServeArgs) -> u8 {
     let cluster = match cluster {
         Ok(cluster) => cluster.map(|mut cluster| {
             cluster.token = settings.token().map(str::to_owned);
+            cluster.max_sessions_per_owner = settings.engine_config().quotas.max_sessions_per_owner;
             cluster
         }),
         Err((key, message)) => {

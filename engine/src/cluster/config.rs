@@ -17,6 +17,9 @@ pub struct ClusterConfig {
     /// The admin token (`[server] token`), which every node of the cluster shares: this node
     /// presents it when it forwards a request to another.
     pub token: Option<String>,
+    /// `limits.max_sessions_per_owner`, counted across the cluster: every session in the
+    /// directory, whichever node holds it (or none).
+    pub max_sessions_per_owner: Option<usize>,
 }
 
 impl ClusterConfig {

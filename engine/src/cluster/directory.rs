@@ -76,26 +76,70 @@ pub async fn join(store: &Store, node_id: &str, advertise_url: &str) -> Result<(
     Ok(())
 }
 
-/// Registers a session `node_id` has just created, held by it under epoch 1.
+/// A session a node has just created, to register.
+#[derive(Debug, Clone, Copy)]
+pub struct NewSession<'a> {
+    pub session_id: &'a str,
+    pub name: Option<&'a str>,
+    pub owner: Option<&'a str>,
+    /// The most sessions its owner may have in the directory, this one included.
+    pub owner_quota: Option<usize>,
+}
+
+/// Registers a session `node_id` has just created, held by it under epoch 1. With an owner
+/// quota, refuses it ([`ClusterError::TooManySessions`]) when its owner has that many in the
+/// directory already; a transaction-scoped advisory lock per owner makes two nodes that
+/// create for one owner at once count one after the other.
 pub async fn register(
     store: &Store,
     node_id: &str,
     ttl: Duration,
-    session_id: &str,
-    name: Option<&str>,
-    owner: Option<&str>,
+    new: NewSession<'_>,
 ) -> Result<i64, ClusterError> {
-    store
-        .client()
-        .await?
-        .execute(
-            "INSERT INTO pyvisor_sessions
-                 (session_id, name, owner, holder, lease_expires_at, epoch)
-             VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', 1)",
-            &[&session_id, &name, &owner, &node_id, &seconds(ttl)],
+    let mut client = store.client().await?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(failed("begin registering the session"))?;
+    if let (Some(owner), Some(limit)) = (new.owner, new.owner_quota) {
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('pyvisor-owner:' || $1))",
+            &[&owner],
         )
         .await
-        .map_err(failed("register the session in the cluster store"))?;
+        .map_err(failed("lock the owner's session count"))?;
+        let held: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM pyvisor_sessions WHERE owner = $1",
+                &[&owner],
+            )
+            .await
+            .map_err(failed("count the owner's sessions in the cluster store"))?
+            .get(0);
+        if held >= limit as i64 {
+            return Err(ClusterError::TooManySessions {
+                owner: owner.to_owned(),
+                limit,
+            });
+        }
+    }
+    tx.execute(
+        "INSERT INTO pyvisor_sessions
+             (session_id, name, owner, holder, lease_expires_at, epoch)
+         VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', 1)",
+        &[
+            &new.session_id,
+            &new.name,
+            &new.owner,
+            &node_id,
+            &seconds(ttl),
+        ],
+    )
+    .await
+    .map_err(failed("register the session in the cluster store"))?;
+    tx.commit()
+        .await
+        .map_err(failed("commit the session's registration"))?;
     Ok(1)
 }
 

@@ -143,13 +143,17 @@ impl Node {
         }
         self.refuse_when_draining()?;
         let registering = Instant::now();
+        let new = directory::NewSession {
+            session_id: session.id(),
+            name: session.name(),
+            owner: session.owner(),
+            owner_quota: self.config.max_sessions_per_owner,
+        };
         let registration = directory::register(
             &self.store,
             &self.config.node_id,
             self.config.lease_ttl,
-            session.id(),
-            session.name(),
-            session.owner(),
+            new,
         );
         let epoch = metrics::timed("register", registration).await?;
         metrics::leases(LeaseEvent::Claimed, 1);

@@ -126,6 +126,9 @@ impl From<crate::errors::ClusterError> for RpcError {
             err @ ClusterError::LeaseExpired { .. } => {
                 RpcError::new(code::HELD_ELSEWHERE, err.to_string())
             }
+            err @ ClusterError::TooManySessions { .. } => {
+                RpcError::new(code::LIMIT_EXCEEDED, err.to_string())
+            }
             ClusterError::Draining { ref node } => RpcError {
                 code: code::SHUTTING_DOWN,
                 message: err.to_string(),

@@ -159,6 +159,7 @@ impl ClusterSettings {
             advertise_url,
             lease_ttl: Duration::from_secs_f64(self.lease_ttl_s),
             token: None,
+            max_sessions_per_owner: None,
         }))
     }
 }
