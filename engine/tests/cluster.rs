@@ -190,6 +190,7 @@ fn new_session(session_id: &str, quota: Option<usize>) -> directory::NewSession<
         name: None,
         owner: Some("alice"),
         owner_quota: quota,
+        limits: None,
     }
 }
 
@@ -647,7 +648,9 @@ async fn with_reply_durability_a_nodes_death_loses_no_acknowledged_execution() {
     let durable = "[state]\ndurability = \"reply\"\n";
     let (mut node_a, node_b) = two_nodes_with(&db, homes.path(), durable).await;
     let mut conn = node_a.connect().await;
-    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let limits = json!({"timeout_s": 7.5, "output_bytes": 123_456});
+    let params = json!({"owner": "alice", "limits": limits});
+    let created = conn.call("session.create", params).await;
     let session = created["session_id"].as_str().expect("an id").to_owned();
     for n in 1..=5 {
         let ran = execute(&node_a, &session, "alice", &format!("n = {n}")).await;
@@ -663,6 +666,12 @@ async fn with_reply_durability_a_nodes_death_loses_no_acknowledged_execution() {
     let recovered = &answer["result"]["recovered"];
     assert_eq!(recovered["from_node"], "node-a", "{recovered}");
     assert_eq!(recovered["lost_executions"], 0, "{recovered}");
+    // It keeps the limits it was created with, not node B's defaults.
+    let info = (node_b.connect().await)
+        .call("session.info", json!({"session_id": session}))
+        .await;
+    assert_eq!(info["limits"]["timeout_s"], 7.5, "{info}");
+    assert_eq!(info["limits"]["output_bytes"], 123_456, "{info}");
 }
 
 #[tokio::test]

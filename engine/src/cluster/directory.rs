@@ -21,6 +21,8 @@ pub struct Entry {
     pub session_id: String,
     pub name: Option<String>,
     pub owner: Option<String>,
+    /// The `limits` it was created with, as `session.create` took them (JSON).
+    pub limits: Option<String>,
     /// The node holding it; `None` when it was released.
     pub holder: Option<String>,
     /// Where the holder's HTTP API is.
@@ -84,6 +86,8 @@ pub struct NewSession<'a> {
     pub owner: Option<&'a str>,
     /// The most sessions its owner may have in the directory, this one included.
     pub owner_quota: Option<usize>,
+    /// The `limits` it was created with, as `session.create` took them (JSON).
+    pub limits: Option<&'a str>,
 }
 
 /// Registers a session `node_id` has just created, held by it under epoch 1. With an owner
@@ -125,14 +129,15 @@ pub async fn register(
     }
     tx.execute(
         "INSERT INTO pyvisor_sessions
-             (session_id, name, owner, holder, lease_expires_at, epoch)
-         VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', 1)",
+             (session_id, name, owner, holder, lease_expires_at, epoch, limits)
+         VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', 1, $6)",
         &[
             &new.session_id,
             &new.name,
             &new.owner,
             &node_id,
             &seconds(ttl),
+            &new.limits,
         ],
     )
     .await
@@ -150,7 +155,7 @@ pub async fn lookup(store: &Store, session_id: &str) -> Result<Option<Entry>, Cl
         .await?
         .query_opt(
             "SELECT s.name, s.owner, s.holder, n.advertise_url, s.epoch,
-                    s.holder IS NULL OR s.lease_expires_at < now()
+                    s.holder IS NULL OR s.lease_expires_at < now(), s.limits
              FROM pyvisor_sessions s LEFT JOIN pyvisor_nodes n ON n.node_id = s.holder
              WHERE s.session_id = $1",
             &[&session_id],
@@ -165,6 +170,7 @@ pub async fn lookup(store: &Store, session_id: &str) -> Result<Option<Entry>, Cl
         holder_url: row.get(3),
         epoch: row.get(4),
         expired: row.get(5),
+        limits: row.get(6),
     }))
 }
 

@@ -88,9 +88,12 @@ const MIGRATIONS: &[&str] = &[
     CREATE TRIGGER pyvisor_blob_chunks_fence BEFORE INSERT OR UPDATE ON pyvisor_blob_chunks
         FOR EACH ROW EXECUTE FUNCTION pyvisor_fence();
     "#,
-    // 2: a node that drains (`node.drain`) says so to the others and to `cluster.status`.
+    // 2: a node that drains (`node.drain`) says so to the others and to `cluster.status`;
+    // a session keeps the limits it was created with (`session.create`'s `limits`, JSON), so
+    // that the node that takes it over applies them.
     r#"
     ALTER TABLE pyvisor_nodes ADD COLUMN draining boolean NOT NULL DEFAULT false;
+    ALTER TABLE pyvisor_sessions ADD COLUMN limits text;
     "#,
 ];
 

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use pyvisor_actors::session::StateSetup;
+use pyvisor_actors::SessionLimits;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -135,9 +136,13 @@ impl Node {
             .expect("the node's task list lock is never poisoned")
     }
 
-    /// Registers a session this node's engine has just created (an attach to a live one is
-    /// registered already).
-    pub async fn created(&self, session: &Session) -> Result<(), ClusterError> {
+    /// Registers a session this node's engine has just created with `limits` (the JSON of
+    /// `session.create`'s `limits`); an attach to a live one is registered already.
+    pub async fn created(
+        &self,
+        session: &Session,
+        limits: Option<&str>,
+    ) -> Result<(), ClusterError> {
         if session.attached() || self.lock_held().contains_key(session.id()) {
             return Ok(());
         }
@@ -148,6 +153,7 @@ impl Node {
             name: session.name(),
             owner: session.owner(),
             owner_quota: self.config.max_sessions_per_owner,
+            limits,
         };
         let registration = directory::register(
             &self.store,
@@ -225,12 +231,15 @@ impl Node {
 
     /// Takes over the session `session_id` for a caller whose scope is `owner` (`None`: every
     /// owner): claims it when its holder's lease ran out, restores its last checkpoint from
-    /// the store and starts it here under the same id. `None` when the directory has no such
-    /// session for that owner; [`ClusterError::HeldElsewhere`] when a live node holds it.
+    /// the store and starts it here under the same id, with the limits `limits` makes of
+    /// those it was created with (`None`: this node's defaults). `None` when the directory
+    /// has no such session for that owner; [`ClusterError::HeldElsewhere`] when a live node
+    /// holds it.
     pub async fn take_over(
         &self,
         session_id: &str,
         owner: Option<&str>,
+        limits: impl FnOnce(Option<&str>) -> Option<SessionLimits>,
     ) -> Result<Option<Session>, ClusterError> {
         let _one_at_a_time = self.taking_over.lock().await;
         if self.lock_held().contains_key(session_id) {
@@ -309,6 +318,7 @@ impl Node {
         let options = SessionOptions {
             name: entry.name.clone(),
             owner: entry.owner.clone(),
+            limits: limits(entry.limits.as_deref()),
             take_over: Some(session_id.to_owned()),
             ..SessionOptions::default()
         };

@@ -14,6 +14,7 @@ use crate::cluster::status::status;
 use crate::cluster::{ClusterStatus, Node};
 use crate::rpc::caller::Caller;
 use crate::rpc::errors::{code, RpcError};
+use crate::rpc::wire::LimitParams;
 use crate::{EngineError, ExecutionResult, Session, SupervisorError};
 
 impl Dispatcher {
@@ -24,13 +25,19 @@ impl Dispatcher {
         }
     }
 
-    /// Registers a session the engine has just created; one the store would not take is
-    /// closed again, so that no node serves a session the store does not know.
-    pub(super) async fn register(&self, session: &Session) -> Result<(), RpcError> {
+    /// Registers a session the engine has just created with `limits` (as `session.create`
+    /// took them); one the store would not take is closed again, so that no node serves a
+    /// session the store does not know.
+    pub(super) async fn register(
+        &self,
+        session: &Session,
+        limits: Option<&LimitParams>,
+    ) -> Result<(), RpcError> {
         let Some(node) = self.cluster.get() else {
             return Ok(());
         };
-        if let Err(err) = node.created(session).await {
+        let limits = limits.map(|limits| serde_json::to_string(limits).expect("plain JSON"));
+        if let Err(err) = node.created(session, limits.as_deref()).await {
             if let Err(closing) = session.clone().close().await {
                 tracing::warn!(session = session.id(), error = %closing, "cannot close an unregistered session");
             }
@@ -50,7 +57,20 @@ impl Dispatcher {
         let Some(node) = self.cluster.get() else {
             return Err(not_here.into());
         };
-        match node.take_over(key, owner).await? {
+        // The limits it was created with, as this node's policy makes them; a node whose
+        // ceilings refuse them gives the session its defaults (and says so in its log).
+        let limits = |created: Option<&str>| {
+            let asked: LimitParams = serde_json::from_str(created?).ok()?;
+            match self.limit_policy().session_limits(&asked) {
+                Ok(limits) => Some(limits),
+                Err(err) => {
+                    tracing::warn!(session = key, error = %err.message,
+                        "the session's limits are refused here; it takes this node's defaults");
+                    None
+                }
+            }
+        };
+        match node.take_over(key, owner, limits).await? {
             Some(session) => Ok(session),
             None => Err(not_here.into()),
         }

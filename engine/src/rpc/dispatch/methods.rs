@@ -41,10 +41,8 @@ impl Dispatcher {
                 )));
             }
         }
-        let limits = Some(
-            self.limit_policy()
-                .session_limits(&params.limits.unwrap_or_default())?,
-        );
+        let asked_limits = params.limits.unwrap_or_default();
+        let limits = Some(self.limit_policy().session_limits(&asked_limits)?);
         let options = SessionOptions {
             name: params.name,
             owner: at.owner.clone(),
@@ -63,7 +61,7 @@ impl Dispatcher {
             take_over: None,
         };
         let session = self.engine.create_session(options).await?;
-        self.register(&session).await?;
+        self.register(&session, Some(&asked_limits)).await?;
         let (pid, python_version) = match session.pid() {
             Some(pid) => (Some(pid), session.python_version().map(str::to_owned)),
             None => {
