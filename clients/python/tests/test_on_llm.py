@@ -54,3 +54,46 @@ def test_the_async_client_answers_with_a_coroutine(daemon):
                 assert result.value == "'echo:hi'"
 
     asyncio.run(run())
+
+
+def test_a_timed_out_execution_cancels_the_call_on_llm_is_answering(client):
+    with client.create_session(llm="client") as session:
+        seen = []
+        done = threading.Event()
+
+        def on_llm(call):
+            # Waits for the cancel (or 60 s), as a slow provider call that checks it would.
+            seen.append(call.cancelled.wait(60))
+            done.set()
+            return "too late"
+
+        result = session.run("llm_query('slow')", timeout=1, on_llm=on_llm)
+        assert result.status == "timeout", result
+        assert done.wait(30), "on_llm never returned"
+        assert seen == [True], "bridge.cancel set call.cancelled"
+        # The session goes on; its next call is answered as usual.
+        again = session.run("llm_query('quick')", on_llm=lambda call: "fine")
+        assert again.value == "'fine'", again
+
+
+def test_the_async_client_cancels_the_task_of_a_cancelled_call(daemon):
+    async def run():
+        client = await AsyncClient.connect(daemon.socket)
+        async with client:
+            session = await client.create_session(llm="client")
+            async with session:
+                cancelled = asyncio.Event()
+
+                async def on_llm(call):
+                    try:
+                        await asyncio.sleep(60)
+                    except asyncio.CancelledError:
+                        cancelled.set()
+                        raise
+                    return "too late"
+
+                result = await session.run("llm_query('slow')", timeout=1, on_llm=on_llm)
+                assert result.status == "timeout", result
+                await asyncio.wait_for(cancelled.wait(), 30)
+
+    asyncio.run(run())

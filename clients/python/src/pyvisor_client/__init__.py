@@ -13,7 +13,7 @@ an execution's own failure is in its result's ``status``, raised on request by
 ``ExecutionResult.raise_for_status()``. The protocol: docs/protocol.md of pyvisor.
 """
 
-from ._wire import default_socket
+from ._wire import LlmCall, default_socket
 from .aio import AsyncClient, AsyncSession
 from .client import Client, Session
 from .errors import (
@@ -30,7 +30,7 @@ __all__ = [
     "AsyncClient", "AsyncSession", "CheckpointNotFound", "Client", "ConnectError",
     "ConnectionClosed", "Display", "EngineError", "ExecutionError", "ExecutionInterrupted",
     "ExecutionResult", "ExecutionTimeout", "HttpClient", "InternalError", "InvalidParams",
-    "InvalidRequest", "LimitExceeded", "MethodNotFound", "ParseError", "PoolExhausted",
+    "InvalidRequest", "LimitExceeded", "LlmCall", "MethodNotFound", "ParseError", "PoolExhausted",
     "ProtocolError", "PyvisorError", "PythonError", "RpcError", "Session", "SessionBusy",
     "ShuttingDown", "Unauthorized", "UnknownSession", "WorkerCrashed", "default_socket",
     "error_for",

@@ -10,6 +10,7 @@ that carries no id, so the client refuses such a request itself.
 import itertools
 import json
 import os
+import threading
 from collections import namedtuple
 
 from .errors import ConnectionClosed, LimitExceeded, ProtocolError, error_for
@@ -154,6 +155,7 @@ class Routes:
     def __init__(self):
         self.pending = {}  # request id -> what waits for its response
         self.streams = {}  # session id -> what gets its streaming execution's messages
+        self.llm_calls = {}  # call id -> the LlmCall an on_llm answers now
         self.closed = None  # why the connection ended, once it has
 
     def target(self, message):
@@ -163,12 +165,52 @@ class Routes:
             return self.pending.pop(message.id, None)
         return self.streams.get(message.params.get("session_id"))
 
+    def answering(self, message):
+        """The LlmCall of the ``bridge.llm`` `message`, noted until ``answered``."""
+        call = LlmCall(message.params)
+        self.llm_calls[message.id] = call
+        return call
+
+    def answered(self, call_id):
+        self.llm_calls.pop(call_id, None)
+
+    def cancel(self, message):
+        """Whether `message` is a ``bridge.cancel``; if so, the call it names is cancelled
+        (a call already answered is not there any more)."""
+        if message.method != "bridge.cancel":
+            return False
+        call = self.llm_calls.pop(message.params.get("call_id"), None)
+        if call is not None:
+            call.cancel()
+        return True
+
     def close(self, reason):
         """Marks the connection ended; everything still waiting, to be given CLOSED."""
         self.closed = reason
+        for call in self.llm_calls.values():
+            call.cancel()  # nobody can take their answers any more
+        self.llm_calls.clear()
         waiting = list(self.pending.values()) + list(self.streams.values())
         self.pending.clear()
         return waiting
+
+
+class LlmCall(dict):
+    """What ``on_llm`` gets: the ``bridge.llm`` params (``kind``, ``prompts``, ``depth``,
+    ``model``, ``context``, ``session_id``, ``execution_id``, ``call_id``), and
+    ``cancelled``, a ``threading.Event`` set when nobody waits for the answer any more (the
+    execution was interrupted or timed out, the daemon gave up on the call, or the connection
+    ended): a long on_llm may check it and stop early; its answer would be ignored."""
+
+    def __init__(self, params):
+        super().__init__(params)
+        self.cancelled = threading.Event()
+        self.on_cancel = None  # what else stops the answering (the asyncio client's task)
+
+    def cancel(self):
+        self.cancelled.set()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
 
 def is_llm_call(message):

@@ -172,20 +172,26 @@ class AsyncClient:
                 self._routes.streams.pop(session_id, None)
 
     def _answer_llm(self, message, on_llm):
-        """Answers a ``bridge.llm`` with `on_llm`, on a task of its own."""
+        """Answers a ``bridge.llm`` with `on_llm`, on a task of its own, which a
+        ``bridge.cancel`` of the call cancels (``call.cancelled`` is set as well)."""
         async def answer():
             try:
-                answered = on_llm(message.params)
+                answered = on_llm(call)
                 if inspect.isawaitable(answered):
                     answered = await answered
                 line = _wire.llm_reply(message, answered)
             except Exception as err:  # the code gets LlmError with the reason
                 line = _wire.llm_reply(message, failure=err)
-            self._write(line)
+            finally:
+                self._routes.answered(message.id)
+            if not call.cancelled.is_set():
+                self._write(line)
 
         if on_llm is None:
             return self._write(_wire.no_llm_reply(message))
+        call = self._routes.answering(message)
         task = asyncio.get_running_loop().create_task(answer())
+        call.on_cancel = task.cancel
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
 
@@ -202,6 +208,8 @@ class AsyncClient:
                 if not line:
                     break
                 message = _wire.decode(line)
+                if self._routes.cancel(message):
+                    continue
                 target = self._routes.target(message)
                 if target is None and _wire.is_llm_call(message):
                     self._write(_wire.no_llm_reply(message))

@@ -40,10 +40,11 @@ class Session(_wire.SessionBase):
         ``on_input(prompt, password)`` answers ``input()`` with a string (None: EOFError).
         In a session created with ``llm="client"``, ``on_llm(call)`` answers the code's
         ``llm_query`` and its kin: `call` is the ``bridge.llm`` params (``kind``,
-        ``prompts``, ...); it returns the answer (a string), the answers (a list, one per
-        prompt) or ``{"answers": [...], "usage": {...}}``, or raises, which raises LlmError
-        in the code. Each call runs on a thread of its own, so calls made at once are
-        answered concurrently.
+        ``prompts``, ...) with ``call.cancelled``, a ``threading.Event`` set once nobody
+        waits for the answer (the code was interrupted or timed out); it returns the answer
+        (a string), the answers (a list, one per prompt) or ``{"answers": [...], "usage":
+        {...}}``, or raises, which raises LlmError in the code. Each call runs on a thread
+        of its own, so calls made at once are answered concurrently.
         `timeout` is in seconds; `options` are the other params of ``session.execute``
         (``transaction``, ``queue``, ``cache``, ``meta``).
         """
@@ -195,13 +196,18 @@ class Client(_Sessions):
         """Answers a ``bridge.llm`` with `on_llm`, on a thread of its own."""
         def answer():
             try:
-                line = _wire.llm_reply(message, on_llm(message.params))
+                line = _wire.llm_reply(message, on_llm(call))
             except Exception as err:  # the code gets LlmError with the reason
                 line = _wire.llm_reply(message, failure=err)
-            self._write(line)
+            with self._lock:
+                self._routes.answered(message.id)
+            if not call.cancelled.is_set():
+                self._write(line)
 
         if on_llm is None:
             return self._write(_wire.no_llm_reply(message))
+        with self._lock:
+            call = self._routes.answering(message)
         threading.Thread(target=answer, name="pyvisor-on-llm", daemon=True).start()
 
     def _write(self, line):
@@ -236,6 +242,8 @@ class Client(_Sessions):
             for line in self._sock.makefile("rb"):
                 message = _wire.decode(line)
                 with self._lock:
+                    if self._routes.cancel(message):
+                        continue
                     target = self._routes.target(message)
                 if target is not None:
                     target.put(message)
