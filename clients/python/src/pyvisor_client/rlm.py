@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 
 from rlm.core.types import REPLResult
-from rlm.environments.base_env import NonIsolatedEnv, extract_tool_value, validate_custom_tools
+from rlm.environments.base_env import (
+    RESERVED_TOOL_NAMES, NonIsolatedEnv, extract_tool_value, validate_custom_tools,
+)
 
 from . import _daemon
 from ._rlm_calls import Answerer, Cell
@@ -228,8 +230,10 @@ class PyvisorREPL(NonIsolatedEnv):
             saved = self.session.checkpoint()
         except PyvisorError as err:
             return "\n[pyvisor] checkpoint failed: %s" % err
+        # The scaffold's functions are not saved: they are installed again after a crash.
+        ours = RESERVED_TOOL_NAMES | {"input"} | set(self.custom_tools)
         lost = [item["name"] for item in saved.get("lost", [])
-                if not item["name"].startswith("_") and item["name"] != "answer"]
+                if not item["name"].startswith("_") and item["name"] not in ours]
         return "\n[pyvisor] not checkpointed: %s" % ", ".join(lost) if lost else ""
 
     # Lifecycle
