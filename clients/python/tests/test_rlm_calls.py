@@ -46,6 +46,12 @@ def test_llm_queries_reach_the_lm_handler_and_count_in_their_cell(daemon, handle
         assert [c.response for c in result.rlm_calls] == [
             "echo:hello", "echo:a", "echo:b", "echo:no subcall_fn"]
         assert repl.execute_code("x = 1").rlm_calls == []
+        # Prompts that are lists of messages reach the handler as they are.
+        messages = repl.execute_code(
+            "print(llm_query([{'role': 'user', 'content': 'as messages'}]),\n"
+            "      llm_query_batched(['plain', [{'role': 'user', 'content': 'listed'}]]))")
+        assert messages.stdout == "echo:as messages ['echo:plain', 'echo:listed']\n"
+        assert len(messages.rlm_calls) == 3
         # The address changes between completions of a persistent RLM.
         repl.update_handler_address(("127.0.0.1", 9))
         refused = repl.execute_code("print(llm_query('q'))")
@@ -102,7 +108,7 @@ def test_a_stale_subcall_is_not_counted_in_the_next_cell(daemon):
         assert "TimeoutError: cell execution exceeded 1s" in timed_out.stderr
         assert timed_out.rlm_calls == []
         release.set()
-        assert repl._answerer.wait_idle(30) and finished == ["slow"]
+        assert repl.wait_for_calls(30) and finished == ["slow"]
         fresh = repl.execute_code("print(rlm_query('fast'), 'stale' in globals())")
         assert fresh.stdout == "answer:fast False\n"
         assert [c.prompt for c in fresh.rlm_calls] == ["fast"]

@@ -85,11 +85,16 @@ class Answerer:
         request = call.get("context")
         if not isinstance(request, dict) or "pyvisor_rlm" not in request:
             return self._rlm(cell, prompts[0], model)
-        if request["pyvisor_rlm"] == "rlm_batched":
+        what = request["pyvisor_rlm"]
+        if what == "llm":
+            return json.dumps(self._llm(cell, request.get("prompt"), model))
+        if what == "llm_batched":
+            return json.dumps(self._llm_batched(cell, request.get("prompts") or [], model))
+        if what == "rlm_batched":
             return json.dumps(self._rlm_batched(cell, request.get("prompts") or [], model))
-        if request["pyvisor_rlm"] == "tool":
+        if what == "tool":
             return json.dumps(self._tool(request))
-        return "Error: unknown request %r" % (request["pyvisor_rlm"],)
+        return json.dumps("Error: unknown request %r" % (what,))
 
     def _llm(self, cell, prompt, model):
         address = self._env.lm_handler_address

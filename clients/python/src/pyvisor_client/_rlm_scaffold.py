@@ -9,8 +9,8 @@ namespace's simple values.
 Every model call leaves through the session's client-answered bridge (the ``llm_query`` /
 ``rlm_query`` builtins of a session created with ``llm="client"``): the session holds no
 address, socket or key. Calls the bridge has no kind for (``rlm_query_batched``, custom tool
-calls) are ``rlm_query`` calls whose ``ctx`` says what they are; the adapter answers them as
-JSON text.
+calls, prompts that are not strings, such as lists of messages) are ``rlm_query`` calls whose
+``ctx`` says what they are; the adapter answers them as JSON text.
 """
 
 import builtins as _pyvisor_builtins
@@ -34,14 +34,18 @@ def _pyvisor_rlm_install(tools, callables, value_limit):
 
     def llm_query(prompt, model=None):
         try:
-            return bridge["llm_query"](prompt, model)
+            if type(prompt) is str:
+                return bridge["llm_query"](prompt, model)
+            return control("llm", model, prompt=prompt)  # a list of messages, say
         except failed as err:
             return "Error: %s" % err
 
     def llm_query_batched(prompts, model=None):
         prompts = list(prompts)
         try:
-            return bridge["llm_query_batched"](prompts, model)
+            if all(type(prompt) is str for prompt in prompts):
+                return bridge["llm_query_batched"](prompts, model)
+            return control("llm_batched", model, prompts=prompts)
         except failed as err:
             return ["Error: %s" % err] * len(prompts)
 

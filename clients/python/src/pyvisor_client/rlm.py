@@ -209,6 +209,11 @@ class PyvisorREPL(NonIsolatedEnv):
                               execution_time=time.perf_counter() - start,
                               rlm_calls=cell.close(), final_answer=final)
 
+    def wait_for_calls(self, timeout):
+        """Waits up to `timeout` seconds until no model call or custom tool of this REPL's
+        cells is being answered (one whose cell timed out may run on); whether none is."""
+        return self._answerer.wait_idle(timeout)
+
     def _after(self):
         """Restores the scaffold after a cell: (final answer, simple values). A namespace
         that lost the scaffold (a crash before any checkpoint held it, or code that deleted
