@@ -60,7 +60,7 @@ def test_llm_queries_reach_the_lm_handler_and_count_in_their_cell(daemon, handle
         assert repl.execute_code("print(llm_query_batched(['q']))").stdout == \
             "['Error: No LM handler configured']\n"
     assert {"role": "user", "content": "hello"} in [
-        m for request in provider.requests for m in request["messages"]]
+        m for body in provider.bodies() for m in body["messages"]]
 
 
 def test_rlm_query_batched_calls_subcall_fn_at_most_max_concurrent_at_once(daemon):

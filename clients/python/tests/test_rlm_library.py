@@ -61,7 +61,7 @@ def test_an_rlm_completion_runs_in_pyvisor_after_register(provider, daemon, clie
     result = rlm_of(provider, daemon).completion("task-llm")
     assert result.response == "ECHO:SUB"
     # The sub-LLM call went through the handler to the provider; the session is closed.
-    assert any(r["messages"] == [{"role": "user", "content": "sub"}] for r in provider.requests)
+    assert any(b["messages"] == [{"role": "user", "content": "sub"}] for b in provider.bodies())
     assert {s["session_id"] for s in client.list_sessions()} == before
     pyvisor_rlm.register()  # a second call changes nothing
     assert rlm_of(provider, daemon).completion("task-llm").response == "ECHO:SUB"

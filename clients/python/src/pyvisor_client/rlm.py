@@ -88,8 +88,7 @@ class PyvisorREPL(NonIsolatedEnv):
         self._answerer = Answerer(self)
         self._connection = None
         self.session = None
-        self._context_count = 0
-        self._history_count = 0
+        self._counts = {"context": 0, "history": 0}  # the next index of each
         try:
             self.setup()
             if context_payload is not None:
@@ -135,7 +134,7 @@ class PyvisorREPL(NonIsolatedEnv):
             "print(__import__('json').dumps([max([int(n[len(p):]) + 1 for n in globals()\n"
             "    if n.startswith(p) and n[len(p):].isdigit()] or [0])\n"
             "    for p in ('context_', 'history_')]))")
-        self._context_count, self._history_count = json.loads(result.stdout)
+        self._counts["context"], self._counts["history"] = json.loads(result.stdout)
 
     # Context and history (SupportsPersistence)
 
@@ -143,26 +142,26 @@ class PyvisorREPL(NonIsolatedEnv):
         self.add_context(context_payload, 0)
 
     def add_context(self, context_payload, context_index=None):
-        with self._lock:
-            if context_index is None:
-                context_index = self._context_count
-            self._assign("context_%d" % context_index, context_payload, "context")
-            self._context_count = max(self._context_count, context_index + 1)
-            return context_index
+        return self._add("context", context_payload, context_index)
 
     def get_context_count(self):
-        return self._context_count
+        return self._counts["context"]
 
     def add_history(self, message_history, history_index=None):
-        with self._lock:
-            if history_index is None:
-                history_index = self._history_count
-            self._assign("history_%d" % history_index, message_history, "history")
-            self._history_count = max(self._history_count, history_index + 1)
-            return history_index
+        return self._add("history", message_history, history_index)
 
     def get_history_count(self):
-        return self._history_count
+        return self._counts["history"]
+
+    def _add(self, kind, payload, index):
+        """Sets ``<kind>_<index>`` (the next index when None) to a copy of `payload`; the
+        index."""
+        with self._lock:
+            if index is None:
+                index = self._counts[kind]
+            self._assign("%s_%d" % (kind, index), payload, kind)
+            self._counts[kind] = max(self._counts[kind], index + 1)
+            return index
 
     def update_handler_address(self, address):
         """Where the next model calls go; only this process ever holds it."""
