@@ -12,7 +12,7 @@ pytest.importorskip("rlm")
 
 from rlm import RLM  # noqa: E402
 
-from conftest import REPO, wait_for  # noqa: E402
+from conftest import REPO, Daemon, wait_for  # noqa: E402
 from openai_server import OpenAiServer  # noqa: E402
 from pyvisor_client import rlm as pyvisor_rlm  # noqa: E402
 from pyvisor_client.rlm import PyvisorREPL  # noqa: E402
@@ -113,6 +113,26 @@ def test_a_restarted_run_attaches_to_its_repl_by_name(daemon):
                 "3 one two\n"
     finally:
         first.cleanup()
+
+
+def test_a_run_resumes_its_repl_from_checkpoints_after_the_daemon_restarts(tmp_path):
+    daemon = Daemon(tmp_path)
+    try:
+        first = PyvisorREPL(socket=daemon.socket, session_name="rlm-resume", persistent=True,
+                            checkpoint_every_cell=True, context_payload="one")
+        first.execute_code("progress = [1, 2]")
+    finally:
+        daemon.stop()  # the RLM's process and the daemon both go away
+    first.cleanup()
+    daemon = Daemon(tmp_path)
+    try:
+        with PyvisorREPL(socket=daemon.socket, session_name="rlm-resume",
+                         persistent=True) as second:
+            assert second.session.created["restored"]
+            assert second.get_context_count() == 1
+            assert second.execute_code("print(progress, context)").stdout == "[1, 2] one\n"
+    finally:
+        daemon.stop()
 
 
 def test_without_a_daemon_it_starts_pyvisor_serve_stdio(tmp_path, monkeypatch):
