@@ -114,6 +114,21 @@ def test_a_stale_subcall_is_not_counted_in_the_next_cell(daemon):
         assert [c.prompt for c in fresh.rlm_calls] == ["fast"]
 
 
+def test_subcall_timeout_gives_up_on_a_slow_subcall(daemon):
+    release = threading.Event()
+
+    def subcall_fn(prompt, model):
+        release.wait(30)
+        return completion(prompt, "late")
+
+    with PyvisorREPL(socket=daemon.socket, subcall_fn=subcall_fn, subcall_timeout=0.3) as repl:
+        result = repl.execute_code("print(rlm_query('slow'))")
+        release.set()
+        assert result.stdout == \
+            "Error: RLM query failed - no answer within subcall_timeout (0.3s)\n"
+        assert result.rlm_calls == [] and repl.wait_for_calls(30)
+
+
 def test_cell_timeout_interrupts_sleep_and_the_repl_keeps_its_state(daemon):
     with PyvisorREPL(socket=daemon.socket, cell_timeout=0.5) as repl:
         repl.execute_code("kept = 'yes'")

@@ -8,6 +8,7 @@ pytest.importorskip("rlm")
 
 from rlm.environments import SupportsCustomTools, SupportsPersistence  # noqa: E402
 
+from pyvisor_client import ConnectError  # noqa: E402
 from pyvisor_client.rlm import PyvisorREPL  # noqa: E402
 
 
@@ -150,3 +151,9 @@ def test_the_socket_comes_from_pyvisor_socket_when_not_given(daemon, monkeypatch
     monkeypatch.setenv("PYVISOR_SOCKET", daemon.socket)
     with PyvisorREPL() as repl:
         assert repl.execute_code("print(6 * 7)").stdout == "42\n"
+
+
+def test_without_any_pyvisor_the_error_says_what_was_tried(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConnectError, match="no `pyvisor` on PATH"):
+        PyvisorREPL(socket=str(tmp_path / "none.sock"))
