@@ -93,6 +93,10 @@ def test_a_segfaulting_cell_is_answered_and_the_state_is_restored(daemon):
         after = repl.execute_code("print(x, y, context)\n"
                                   "answer['content'] = 'ok'\nanswer['ready'] = True")
         assert after.stdout == "1 [1, 2] ctx\n" and after.final_answer == "ok"
+        # A name that cannot be saved is reported, and does not fail loading a context.
+        unsaved = repl.execute_code("numbers = (i for i in range(3))")
+        assert unsaved.stderr == "\n[pyvisor] not checkpointed: numbers"
+        assert repl.add_context("more") == 1
 
 
 def test_a_restarted_run_attaches_to_its_repl_by_name(daemon):

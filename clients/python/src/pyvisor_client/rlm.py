@@ -175,19 +175,19 @@ class PyvisorREPL(NonIsolatedEnv):
         count = -(-len(text) // _CHUNK_CHARS)
         code = ("%s = __import__('json').loads(''.join([__import__('builtins').input() "
                 "for _ in range(%d)]))" % (name, count))
-        result = self._cell(code, _NO_CELL_TIMEOUT_S, lambda prompt, password: next(chunks))
-        if result.stderr:
+        ran, result = self._run(code, _NO_CELL_TIMEOUT_S, lambda prompt, password: next(chunks))
+        if not ran.ok:
             raise RuntimeError("Failed to load %s: %s" % (what, result.stderr))
 
     # Execution
 
     def execute_code(self, code):
         """Runs `code` in the session: its REPLResult, whatever the code did."""
-        return self._cell(code, self.cell_timeout or _NO_CELL_TIMEOUT_S)
+        return self._run(code, self.cell_timeout or _NO_CELL_TIMEOUT_S)[1]
 
-    def _cell(self, code, timeout, on_input=None):
+    def _run(self, code, timeout, on_input=None):
         """Runs a cell within `timeout` seconds; `on_input` answers its ``input()`` (only
-        in the adapter's own cells)."""
+        in the adapter's own cells). The session's ExecutionResult and the REPLResult."""
         if self._answerer.answering():
             raise RuntimeError(
                 "Reentrant execute_code on the same instance from inside subcall_fn or a "
@@ -204,9 +204,9 @@ class PyvisorREPL(NonIsolatedEnv):
             stderr = _stderr(result, self.cell_timeout)
             if self.checkpoint_every_cell:
                 stderr += self._checkpoint()
-            return REPLResult(stdout=_stdout(result), stderr=stderr, locals=values,
-                              execution_time=time.perf_counter() - start,
-                              rlm_calls=cell.close(), final_answer=final)
+            return result, REPLResult(stdout=_stdout(result), stderr=stderr, locals=values,
+                                      execution_time=time.perf_counter() - start,
+                                      rlm_calls=cell.close(), final_answer=final)
 
     def wait_for_calls(self, timeout):
         """Waits up to `timeout` seconds until no model call or custom tool of this REPL's
