@@ -137,6 +137,18 @@ def test_cell_timeout_interrupts_sleep_and_the_repl_keeps_its_state(daemon):
         assert repl.execute_code("print('still-alive', kept)").stdout == "still-alive yes\n"
 
 
+def test_a_cell_that_ignores_the_interrupt_is_killed_and_comes_back_with_its_state(daemon):
+    stubborn = ("import time\nwhile True:\n    try:\n        time.sleep(10)\n"
+                "    except KeyboardInterrupt:\n        pass")
+    with PyvisorREPL(socket=daemon.socket, cell_timeout=0.5,
+                     checkpoint_every_cell=True) as repl:
+        repl.execute_code("kept = 'yes'")
+        result = repl.execute_code(stubborn)
+        assert "TimeoutError: cell execution exceeded 0.5s" in result.stderr
+        assert "the cell was killed; the REPL came back from checkpoint" in result.stderr
+        assert repl.execute_code("print(kept)").stdout == "yes\n"
+
+
 def test_subcall_fn_calling_back_into_its_repl_is_refused_not_deadlocked(daemon):
     holder = {}
 

@@ -285,14 +285,26 @@ def _stderr(result, cell_timeout):
     if result.status == "timeout":
         limit = cell_timeout if cell_timeout is not None else _NO_CELL_TIMEOUT_S
         return result.stderr + ("\nTimeoutError: cell execution exceeded %ss and was "
-                                "interrupted" % limit)
+                                "interrupted" % limit) + _recovered(result.recovered)
     if result.status == "crashed":
         return result.stderr + "\n%s: %s" % (error.get("type"), error.get("message"))
     if result.status != "ok":
-        trace = "".join(error.get("traceback") or [])
+        trace = "".join(error.get("traceback") or []) + _recovered(result.recovered)
         return result.stderr + "\n" + (trace or "%s: %s" % (error.get("type"),
                                                             error.get("message")))
     return result.stderr
+
+
+def _recovered(recovered):
+    """What the session came back from, when its worker was killed (the cell ignored the
+    interrupt)."""
+    if not recovered:
+        return ""
+    if recovered.get("fresh_namespace"):
+        return "\n[pyvisor] the cell was killed; the REPL restarted with an empty namespace"
+    return ("\n[pyvisor] the cell was killed; the REPL came back from checkpoint %s (%s cell(s) "
+            "since then lost)" % (recovered.get("checkpoint_id"),
+                                  recovered.get("lost_executions")))
 
 
 # register(): the library as published knows seven environments by name.
