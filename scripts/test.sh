@@ -30,6 +30,11 @@ fi
 if ! "$venv/bin/python3" -c 'import pandas, matplotlib, pytest' 2>/dev/null; then
     "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check pandas matplotlib pytest
 fi
+# rlms: the recursive-language-model library whose environment pyvisor_client.rlm provides.
+if ! "$venv/bin/python3" -c 'import importlib.metadata as m; assert m.version("rlms") == "0.1.3"' \
+        2>/dev/null; then
+    "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check rlms==0.1.3
+fi
 "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check ./clients/python
 PATH="$PWD/$venv/bin:$PATH"
 export PATH

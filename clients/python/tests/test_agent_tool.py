@@ -3,11 +3,10 @@ chat completions with a scripted tool call, and a real daemon running the tool's
 
 import importlib.util
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from chat_server import ChatServer
 from conftest import REPO
 
 
@@ -18,40 +17,10 @@ def load_agent_tool():
     return module
 
 
-class FakeChat:
-    """A chat completions server that answers each request with the next scripted message
-    and keeps what it was sent."""
-
-    def __init__(self, script):
-        self.script = list(script)
-        self.requests = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.requests.append((self.path, self.headers.get("Authorization"), body))
-                message = fake.script.pop(0)
-                reply = json.dumps({"id": "chatcmpl-1", "object": "chat.completion",
-                                    "choices": [{"index": 0, "message": message,
-                                                 "finish_reason": "stop"}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = "http://127.0.0.1:%d/v1" % self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+def fake_chat(script):
+    """A chat server that answers each request with the next scripted message."""
+    script = list(script)
+    return ChatServer(lambda body: script.pop(0))
 
 
 def tool_call(call_id, code):
@@ -72,7 +41,7 @@ def test_the_tool_definition_is_a_function_with_a_json_schema(agent_tool):
 
 
 def test_the_loop_runs_the_models_tool_calls_in_one_session(agent_tool, session):
-    fake = FakeChat([
+    fake = fake_chat([
         {"role": "assistant", "content": None,
          "tool_calls": [tool_call("call-1", "def fib(n):\n    a, b = 0, 1\n"
                                             "    for _ in range(n):\n        a, b = b, a + b\n"

@@ -141,6 +141,19 @@ class Client(_Sessions):
             sock.close()
             raise ConnectError("no pyvisor daemon at %s: %s" % (self.path, err)) from None
         sock.settimeout(None)
+        self._attach(sock)
+
+    @classmethod
+    def over(cls, sock, label):
+        """A client on `sock`, a connected stream socket (one end of a socketpair whose other
+        end is the stdin and stdout of a ``pyvisor serve --stdio``); `label` names it in
+        errors."""
+        client = cls.__new__(cls)
+        client.path = label
+        client._attach(sock)
+        return client
+
+    def _attach(self, sock):
         self._sock = sock
         self._requests = _wire.Requests()
         self._lock = threading.Lock()  # guards the routes and the socket's writes
