@@ -22,6 +22,7 @@ use pyvisor_actors::pool::{PoolConfig, PoolStats, Resize};
 use pyvisor_actors::proactive::cache::CacheLimits;
 use pyvisor_actors::proactive::predictor::PredictorConfig;
 use pyvisor_actors::proactive::stats::{ProactiveCounters, ProactiveStats};
+#[cfg(feature = "server")]
 use pyvisor_actors::session::DurabilityMode;
 use pyvisor_actors::supervisor::{
     CreateSession, FindSession, GetStats, Interpreter, ListSessions, LlmOptions, ProactiveOptions,
@@ -205,16 +206,17 @@ impl Engine {
         Ok(Session::new(handle))
     }
 
-    /// The checkpoint store, and a scratch directory on its file system for files the store
-    /// takes in; `None` when the engine keeps no state.
-    #[cfg(feature = "server")]
     /// Whether results of executions that changed the namespace wait for its checkpoint
     /// (`[state] durability = "reply"`).
+    #[cfg(feature = "server")]
     pub(crate) fn replies_after_checkpoint(&self) -> bool {
         (self.inner.state.as_ref())
             .is_some_and(|state| state.policy.durability == DurabilityMode::Reply)
     }
 
+    /// The checkpoint store, and a scratch directory on its file system for files the store
+    /// takes in; `None` when the engine keeps no state.
+    #[cfg(feature = "server")]
     pub(crate) fn checkpoint_store(&self) -> Option<(&CheckpointStore, &Path)> {
         (self.inner.state.as_ref()).map(|state| (&state.store, state.scratch.as_path()))
     }
