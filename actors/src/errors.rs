@@ -79,6 +79,10 @@ pub enum SessionError {
     /// The worker could not write or read a checkpoint.
     #[error("checkpoint session {session_id}: the worker failed: {reason}")]
     WorkerState { session_id: String, reason: String },
+    /// The session's worker has no directory of its own (no `cwd` was given and no sandbox
+    /// confines it): the files API has nowhere to reach.
+    #[error("reach the files of session {session_id}: it has no work directory of its own (create it with a cwd, or run the engine with a sandbox)")]
+    NoWorkDir { session_id: String },
     /// A completion's cursor lies past the end of its code.
     #[error("complete at character {cursor}: the code has {chars} characters")]
     CursorOutOfRange { cursor: usize, chars: usize },

@@ -14,7 +14,7 @@
 //! This file holds the actor, its states and its worker's arrival; each other job has a file:
 //! `messages` (what callers send) and `handlers` (how each is taken in), `executions` (the
 //! queue, timeouts, interrupts, finishing), `worker_events` (frames, output, the worker's exit),
-//! `closing`, `state` and `durability` (checkpoints, restores, what a crash would lose), `idle`,
+//! `closing`, `work_dir` (where the files API reads and writes), `state` and `durability` (checkpoints, restores, what a crash would lose), `idle`,
 //! `completion`, `llm_calls`, and the proactive side: `proactive`, `serving`, `speculation`.
 
 use std::collections::VecDeque;
@@ -48,6 +48,7 @@ mod proactive;
 mod serving;
 mod speculation;
 mod state;
+mod work_dir;
 mod worker_events;
 
 pub use completion::{Complete, Completion, MAX_COMPLETE_BYTES};
@@ -67,6 +68,7 @@ pub(crate) use serving::ServePath;
 pub use speculation::{PlannedSnippet, Speculate};
 use state::Durability;
 pub use state::{AutoCheckpoint, DurabilityMode, Inspection, StateSetup};
+pub use work_dir::{GetWorkDir, WorkDir};
 
 /// Most executions waiting behind the running one.
 pub const MAX_QUEUED_EXECUTIONS: usize = 1024;

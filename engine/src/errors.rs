@@ -38,6 +38,9 @@ pub enum EngineError {
     /// A session asked for the LLM bridge on an engine without `[llm]`.
     #[error("give the session llm_query: the engine has no [llm] endpoint configured")]
     NoLlm,
+    /// A call on a session's files failed (`session.files.*`).
+    #[error(transparent)]
+    Files(#[from] crate::files::FileError),
     /// A task request that cannot run (an unknown kind, a task id in use).
     #[error("run the task: {0}")]
     Task(String),

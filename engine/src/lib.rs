@@ -73,6 +73,7 @@ pub mod client;
 pub mod config;
 mod engine;
 pub mod errors;
+pub mod files;
 mod http_client;
 pub mod llm;
 #[cfg(feature = "cli")]

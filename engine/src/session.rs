@@ -11,14 +11,15 @@ use pyvisor_actors::checkpoint::{CheckpointId, CheckpointInfo};
 use pyvisor_actors::proactive::predictor::Hint;
 use pyvisor_actors::session::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Complete, Completion, Execute,
-    ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, Progress, RestoreCheckpoint,
-    RestoreSummary, SendInput, SessionPhase, SessionSnapshot,
+    ExecutionTicket, GetInfo, GetWorkDir, Interrupt, ListCheckpoints, Progress, RestoreCheckpoint,
+    RestoreSummary, SendInput, SessionPhase, SessionSnapshot, WorkDir,
 };
 use pyvisor_actors::supervisor::SessionHandle;
 use pyvisor_actors::{ExecuteRequest, ExecutionEvent, ExecutionResult, SessionError};
 use tokio::sync::mpsc;
 
 use crate::errors::EngineError;
+use crate::files::SessionFiles;
 
 /// A persistent Python session. Cheap to clone; every clone talks to the same namespace.
 #[derive(Debug, Clone)]
@@ -192,6 +193,16 @@ impl Session {
             .into());
         }
         Ok(snapshot)
+    }
+
+    /// The files of the session's work directory (`session.files.*`).
+    pub fn files(&self) -> SessionFiles {
+        SessionFiles::new(self.clone())
+    }
+
+    /// Where the session's files are, as its current worker has them.
+    pub(crate) async fn work_dir(&self) -> Result<WorkDir, EngineError> {
+        Ok(self.handle.addr.send(GetWorkDir).await??)
     }
 
     /// Whether the session came back from checkpoints an earlier engine left on disk.

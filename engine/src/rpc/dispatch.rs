@@ -22,12 +22,14 @@ use handles::SessionHandles;
 use super::caller::Caller;
 use super::client_llm::ClientBridge;
 use super::errors::RpcError;
+use super::files;
 use super::limits::LimitPolicy;
 use super::memory;
 use super::outbound::Outbound;
 use super::params::{decode, decode_or_default, encode, no_params, take_owner};
 use super::task;
 use super::wire::{self, method};
+use crate::files::SessionFiles;
 use crate::{Engine, Session};
 
 /// Serves JSON-RPC method calls against one engine. Shared by every connection.
@@ -154,6 +156,10 @@ impl Dispatcher {
                 no_params(params)?;
                 encode(self.health())
             }
+            method if files::is_files_method(method) => {
+                let session = self.session(&at, &files::session_key(&params)?).await?;
+                files::call(&session, method, params).await
+            }
             task::RUN | task::CANCEL => {
                 at.unpinned()?;
                 task::call(&self.engine, at.owner(), method, params, out).await
@@ -170,6 +176,16 @@ impl Dispatcher {
             owner: caller.scope(None)?,
         };
         Ok(self.session(&at, key).await?.id().to_owned())
+    }
+
+    /// The files of the session `key` names for `caller` (an HTTP file route); another
+    /// owner's session is unknown, like a missing one.
+    pub async fn files(&self, caller: &Caller, key: &str) -> Result<SessionFiles, RpcError> {
+        let at = Scope {
+            caller,
+            owner: caller.scope(None)?,
+        };
+        Ok(self.session(&at, key).await?.files())
     }
 
     /// The session `key` names (an id or a name) within the caller's scope, from the handles

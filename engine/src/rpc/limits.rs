@@ -78,6 +78,25 @@ impl LimitPolicy {
                 .map_err(invalid)?;
             *limit = asked;
         }
+        if let Some(file_bytes) = params.file_bytes {
+            if file_bytes == 0 {
+                return Err(invalid("file_bytes: must be at least 1".to_owned()));
+            }
+            self.ceilings
+                .of("file_bytes")
+                .check(Some(file_bytes as f64))
+                .map_err(invalid)?;
+            limits.file_bytes = file_bytes;
+        }
+        if let Some(disk_mb) = params.disk_mb {
+            // 0 asks for no bound, like the kernel limits.
+            let asked = (disk_mb > 0).then_some(disk_mb);
+            self.ceilings
+                .of("disk_mb")
+                .check(asked.map(|mb| mb as f64))
+                .map_err(invalid)?;
+            limits.disk_mb = asked;
+        }
         if let Some(timeout_s) = params.timeout_s {
             limits.timeout = self.timeout("limits.timeout_s", timeout_s)?;
         }

@@ -145,6 +145,10 @@ pub struct LimitParams {
     pub timeout_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_bytes: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mb: Option<u64>,
 }
 
 /// `session.create` result.
@@ -345,6 +349,10 @@ pub struct LimitsInfo {
     pub result_repr_bytes: usize,
     pub input_timeout_s: f64,
     pub interrupt_grace_s: f64,
+    #[serde(default)]
+    pub file_bytes: u64,
+    #[serde(default)]
+    pub disk_mb: Option<u64>,
 }
 
 /// `sandbox` of `session.info`: the layers the worker applied to itself.

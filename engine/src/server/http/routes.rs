@@ -33,6 +33,7 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/sessions/{id}/hint", post_method(method::HINT))
             .route("/sessions/{id}/complete", post_method(method::COMPLETE))
             .route("/sessions/{id}/ws", web::get().to(ws::connect))
+            .configure(super::files::configure)
             .configure(super::memory::configure)
             .configure(super::tasks::configure)
             .route("/stats", web::get().to(stats))
