@@ -37,6 +37,7 @@
 
 mod connection;
 mod execution;
+mod files;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -50,6 +51,7 @@ use tokio::sync::mpsc;
 
 use self::connection::{decode, Connection};
 pub use self::execution::{ClientExecution, Event};
+pub use self::files::FileRange;
 pub use crate::errors::ClientError;
 use crate::rpc::code;
 use crate::rpc::wire::{

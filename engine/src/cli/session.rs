@@ -1,5 +1,5 @@
-//! `pyvisor session list|info|close|checkpoint|restore|checkpoints`: manage the daemon's
-//! sessions from the shell. Each command is one JSON-RPC call on the daemon's socket; its
+//! `pyvisor session list|info|close|checkpoint|restore|checkpoints|cp|ls`: manage the daemon's
+//! sessions from the shell (`cp` and `ls` are in `session_files`). Each command is one JSON-RPC call on the daemon's socket; its
 //! answer is printed as a table (text) or as the method's result (`--format json`).
 //!
 //! Exit status: 0 done, 1 the daemon refused (unknown session, checkpoint not found), 2 usage
@@ -12,6 +12,7 @@ use pyvisor::client::Client;
 use pyvisor::rpc::wire::{CheckpointEntry, CheckpointTaken, Restored, SessionInfo, VariableInfo};
 use pyvisor::LostName;
 
+use super::session_files::{self, CpArgs, LsArgs};
 use super::table::{age, bytes, or_dash, render_or};
 use super::target::{refused, Target};
 
@@ -30,6 +31,11 @@ pub enum SessionCommand {
     Restore(RestoreArgs),
     /// A session's checkpoints, newest first.
     Checkpoints(SessionArgs),
+    /// Copy a file between here and a session's work directory:
+    /// `cp LOCAL SESSION:PATH` or `cp SESSION:PATH LOCAL`.
+    Cp(CpArgs),
+    /// The files of a session's work directory: `ls SESSION[:DIR]`.
+    Ls(LsArgs),
 }
 
 /// Arguments of `session list`.
@@ -79,6 +85,8 @@ pub async fn run(command: SessionCommand) -> u8 {
         | SessionCommand::Checkpoints(args) => &args.target,
         SessionCommand::Close(args) => &args.session.target,
         SessionCommand::Restore(args) => &args.session.target,
+        SessionCommand::Cp(args) => &args.target,
+        SessionCommand::Ls(args) => &args.target,
     };
     let client = match target.connect().await {
         Ok(client) => client,
@@ -122,6 +130,8 @@ async fn call(client: &Client, command: &SessionCommand) -> u8 {
             Ok(entries) => args.target.print(&entries, |entries| checkpoints(entries)),
             Err(err) => refused(err),
         },
+        SessionCommand::Cp(args) => session_files::cp(client, args).await,
+        SessionCommand::Ls(args) => session_files::ls(client, args).await,
     }
 }
 
