@@ -10,7 +10,7 @@ connection at a time.
 import asyncio
 import inspect
 
-from . import _wire
+from . import _files, _wire
 from .errors import ConnectError, ConnectionClosed, ProtocolError, UnknownSession
 from .results import ExecutionResult
 
@@ -63,6 +63,11 @@ class AsyncSession(_wire.SessionBase):
 
     async def close(self, checkpoint=False):
         await self._call("session.close", checkpoint=bool(checkpoint))
+
+    @property
+    def files(self):
+        """The files of the session's work directory, as coroutines (see ``Session.files``)."""
+        return _files.AsyncFiles(self)
 
     async def _call(self, method, **params):
         return await self._client.call(method, self._params(**params))

@@ -15,7 +15,7 @@ import socket
 import threading
 from contextlib import contextmanager
 
-from . import _wire
+from . import _files, _wire
 from .errors import ConnectError, ConnectionClosed, ProtocolError, UnknownSession
 from .results import ExecutionResult
 
@@ -89,6 +89,12 @@ class Session(_wire.SessionBase):
         """Ends the session; with `checkpoint`, a last checkpoint keeps it on disk."""
         self._call("session.close", checkpoint=bool(checkpoint))
 
+    @property
+    def files(self):
+        """The files of the session's work directory: ``write``, ``read``, ``list``,
+        ``remove``."""
+        return _files.Files(self)
+
     def _call(self, method, **params):
         return self._client.call(method, self._params(**params))
 
@@ -116,6 +122,12 @@ class _Sessions:
 
     def stats(self):
         return self.call("engine.stats")
+
+    def _write_file(self, session_id, path, data, append):
+        return _files.write_over_rpc(self.call, session_id, path, data, append)
+
+    def _read_file(self, session_id, path, offset, length):
+        return _files.read_over_rpc(self.call, session_id, path, offset, length)
 
     def health(self):
         return self.call("engine.health")
