@@ -119,4 +119,11 @@ pub enum SupervisorError {
     /// The owner already holds as many sessions as `max_sessions_per_owner` allows.
     #[error("create a session for owner {owner:?}: it already holds {limit} sessions, the most one owner may hold (limits.max_sessions_per_owner)")]
     TooManySessions { owner: String, limit: usize },
+    /// A clone was to take a name its owner's live session already has.
+    #[error("fork: the name {name:?} is taken by a live session")]
+    NameTaken { name: String },
+    /// The source session could not be forked (its worker refused, died, or no clone could
+    /// be adopted).
+    #[error("fork session {session}: {reason}")]
+    Fork { session: String, reason: String },
 }

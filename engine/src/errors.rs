@@ -41,6 +41,9 @@ pub enum EngineError {
     /// A call on a session's files failed (`session.files.*`).
     #[error(transparent)]
     Files(#[from] crate::files::FileError),
+    /// A fork asked for what cannot be (a count out of range, names that do not match it).
+    #[error("fork: {0}")]
+    InvalidFork(String),
     /// A task request that cannot run (an unknown kind, a task id in use).
     #[error("run the task: {0}")]
     Task(String),

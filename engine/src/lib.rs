@@ -111,4 +111,4 @@ pub use pyvisor_actors::{
     OutputStream, PoolError, Recovered, ResultValue, SessionError, SessionLimits, SupervisorError,
     Transaction,
 };
-pub use session::{Execution, Session};
+pub use session::{Execution, Forked, Session, MAX_FORKS};

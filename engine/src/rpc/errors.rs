@@ -95,7 +95,9 @@ impl From<&EngineError> for RpcError {
             EngineError::Memory(_) => code::INVALID_PARAMS,
             EngineError::MemoryDisabled => code::ENGINE_ERROR,
             // `llm: true` asks for what this engine cannot give.
-            EngineError::NoLlm | EngineError::Task(_) => code::INVALID_PARAMS,
+            EngineError::NoLlm | EngineError::Task(_) | EngineError::InvalidFork(_) => {
+                code::INVALID_PARAMS
+            }
             EngineError::Files(err) => files_code(err),
         };
         RpcError::new(code, err.to_string())
@@ -152,6 +154,7 @@ fn supervisor_code(err: &SupervisorError) -> i64 {
         SupervisorError::Pool(_) => code::ENGINE_ERROR,
         SupervisorError::UnknownSession { .. } => code::UNKNOWN_SESSION,
         SupervisorError::TooManySessions { .. } => code::LIMIT_EXCEEDED,
+        SupervisorError::NameTaken { .. } => code::INVALID_PARAMS,
         _ => code::ENGINE_ERROR,
     }
 }
