@@ -294,6 +294,21 @@ impl Client {
         self.typed(method::COMPLETE, Some(&params)).await
     }
 
+    /// Forks the session into `count` clones (named `names`, when given): `session.fork`.
+    pub async fn fork(
+        &self,
+        session_id: &str,
+        count: Option<usize>,
+        names: Vec<String>,
+    ) -> Result<wire::ForkResult, ClientError> {
+        let params = wire::ForkParams {
+            session_id: session_id.to_owned(),
+            count,
+            names: (!names.is_empty()).then_some(names),
+        };
+        self.typed(method::FORK, Some(&params)).await
+    }
+
     /// The pool's figures and the engine's totals.
     pub async fn stats(&self) -> Result<Stats, ClientError> {
         self.typed(method::STATS, None::<&Value>).await

@@ -193,14 +193,8 @@ impl SessionFiles {
         let (finish_tx, finish) = oneshot::channel::<()>();
         let (begun_tx, begun) = oneshot::channel();
         let done = self.run(path, move |root, path, dir| {
-            let mut writer = match Writer::begin(root, path, false, limits(dir)) {
-                Ok(writer) => writer,
-                Err(err) => {
-                    let _ = begun_tx.send(false);
-                    return Err(err);
-                }
-            };
-            let _ = begun_tx.send(true);
+            let mut writer = Writer::begin(root, path, false, limits(dir))?;
+            let _ = begun_tx.send(());
             while let Some(chunk) = chunks.blocking_recv() {
                 writer.write(&chunk)?;
             }
@@ -214,16 +208,9 @@ impl SessionFiles {
                 }),
             }
         });
-        let mut done = Box::pin(done);
-        // The first answer: the write has begun, or why not (the thread's own answer when
-        // it failed before it could say).
-        tokio::select! {
-            biased;
-            begun = begun => if begun != Ok(true) {
-                return Err(done.await.err().unwrap_or(EngineError::Stopped));
-            },
-            result = &mut done => return Err(result.err().unwrap_or(EngineError::Stopped)),
-        }
+        let mut done: Pin<Box<dyn Future<Output = Result<u64, EngineError>> + Send>> =
+            Box::pin(done);
+        first_answer(begun, &mut done).await?;
         Ok(Upload {
             chunks: Some(chunks_tx),
             finish: Some(finish_tx),
@@ -253,16 +240,33 @@ impl SessionFiles {
             }
         });
         let mut read = Box::pin(read);
-        // Biased: a thread that ended well sent the size first.
-        tokio::select! {
-            biased;
-            size = size => match size {
-                // The thread goes on alone; it ends when the download is dropped.
-                Ok(size) => Ok(Download { size, chunks }),
-                Err(_) => Err(read.await.err().unwrap_or(EngineError::Stopped)),
-            },
-            result = &mut read => Err(result.err().unwrap_or(EngineError::Stopped)),
-        }
+        let size = first_answer(size, &mut read).await?;
+        // The thread goes on alone; it ends when the download is dropped.
+        Ok(Download { size, chunks })
+    }
+}
+
+/// Drives `thread` (the future of a transfer's thread) until the thread's first answer on
+/// `first`; the thread's own error when it ended without one.
+async fn first_answer<T, R, F>(
+    mut first: oneshot::Receiver<T>,
+    thread: &mut F,
+) -> Result<T, EngineError>
+where
+    F: Future<Output = Result<R, EngineError>> + Unpin,
+{
+    let ended = tokio::select! {
+        biased;
+        answer = &mut first => match answer {
+            Ok(answer) => return Ok(answer),
+            Err(_) => thread.await,
+        },
+        ended = &mut *thread => ended,
+    };
+    // The thread may have answered and ended between two polls: its answer is kept.
+    match first.try_recv() {
+        Ok(answer) => Ok(answer),
+        Err(_) => Err(ended.err().unwrap_or(EngineError::Stopped)),
     }
 }
 

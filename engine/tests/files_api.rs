@@ -224,7 +224,13 @@ async fn files_go_both_ways_over_json_rpc_and_http_and_belong_to_the_session() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 200);
+    if response.status() != 200 {
+        panic!(
+            "DEBUG {} {:?}",
+            response.status(),
+            String::from_utf8_lossy(&body(&mut response).await)
+        );
+    }
     let expected: Vec<u8> = (0..=255u8).cycle().take(256 * 4096).collect();
     assert!(body(&mut response).await == expected);
 
@@ -518,6 +524,11 @@ async fn one_owner_cannot_reach_another_owners_files() {
             "{method}"
         );
     }
+    let fork = json!({"session_id": id});
+    assert_eq!(
+        server.code("bob", "session.fork", fork).await,
+        code::UNKNOWN_SESSION
+    );
     let bob = server.client(BOB);
     let url = server.url(&format!("/v1/sessions/{id}/files/secret"));
     assert_eq!(bob.get(&url).send().await.unwrap().status(), 404);

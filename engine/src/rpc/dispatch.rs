@@ -116,6 +116,7 @@ impl Dispatcher {
             method::LIST => encode(self.list(&at, decode_or_default(params)?).await?),
             method::CLOSE => encode(self.close(&at, decode(params)?).await?),
             method::HINT => encode(self.hint(&at, decode(params)?).await?),
+            method::FORK => encode(self.fork(&at, decode(params)?).await?),
             method::COMPLETE => {
                 let params: wire::CompleteParams = decode(params)?;
                 let session = self.session(&at, &params.session_id).await?;

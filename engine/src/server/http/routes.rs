@@ -32,6 +32,7 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/sessions/{id}/checkpoints", web::get().to(checkpoints))
             .route("/sessions/{id}/hint", post_method(method::HINT))
             .route("/sessions/{id}/complete", post_method(method::COMPLETE))
+            .route("/sessions/{id}/fork", post_method(method::FORK))
             .route("/sessions/{id}/ws", web::get().to(ws::connect))
             .configure(super::files::configure)
             .configure(super::memory::configure)

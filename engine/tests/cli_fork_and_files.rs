@@ -1,6 +1,7 @@
-//! `pyvisor session cp` and `pyvisor session ls` through the real binary against a daemon whose
-//! workers run as uids of their own: a file larger than one call's chunk goes up and comes
-//! back byte for byte, the listing shows it, and refusals and misuse get their exit statuses.
+//! `pyvisor session cp`, `ls` and `fork` through the real binary against a daemon whose workers
+//! run as uids of their own: a file larger than one call's chunk goes up and comes back byte
+//! for byte, the listing shows it, refusals and misuse get their exit statuses, and a fork
+//! makes named clones that start from the source.
 
 mod common;
 
@@ -100,4 +101,33 @@ fn cp_moves_files_both_ways_and_ls_lists_them() {
     // Misuse: two local paths.
     let (status, _, stderr) = pyvisor(&daemon, &["session", "cp", "./a", "./b"]);
     assert_eq!(status, Some(2), "{stderr}");
+
+    // Fork: named clones, as text and as JSON.
+    let text = ok(&daemon, &["session", "fork", "nb", "--name", "nb-a"]);
+    assert!(
+        text.contains("name nb-a") && text.contains("forked 1 clone(s)"),
+        "{text}"
+    );
+    let forked: Value = serde_json::from_str(&ok(
+        &daemon,
+        &["session", "fork", "nb", "--count", "2", "--format", "json"],
+    ))
+    .unwrap();
+    assert_eq!(forked["sessions"].as_array().unwrap().len(), 2);
+    let seen = ok(
+        &daemon,
+        &[
+            "exec",
+            "--session",
+            "nb-a",
+            "print(os.path.getsize('in/data.bin'))",
+        ],
+    );
+    assert_eq!(
+        seen.trim(),
+        data.len().to_string(),
+        "a clone shares the work directory"
+    );
+    let (status, _, stderr) = pyvisor(&daemon, &["session", "fork", "nb", "--count", "17"]);
+    assert_eq!(status, Some(1), "{stderr}");
 }
