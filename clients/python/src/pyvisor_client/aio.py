@@ -64,6 +64,14 @@ class AsyncSession(_wire.SessionBase):
     async def close(self, checkpoint=False):
         await self._call("session.close", checkpoint=bool(checkpoint))
 
+    async def fork(self, count=None, names=None):
+        """As ``Session.fork``: a list of AsyncSession."""
+        forked = await self._call("session.fork", **_wire.drop_none(
+            count=count, names=list(names) if names is not None else None))
+        return [AsyncSession(self._client, clone["session_id"],
+                             dict(clone, **_wire.fork_facts(forked)))
+                for clone in forked["sessions"]]
+
     @property
     def files(self):
         """The files of the session's work directory, as coroutines (see ``Session.files``)."""

@@ -89,6 +89,16 @@ class Session(_wire.SessionBase):
         """Ends the session; with `checkpoint`, a last checkpoint keeps it on disk."""
         self._call("session.close", checkpoint=bool(checkpoint))
 
+    def fork(self, count=None, names=None):
+        """Clones of the session (``session.fork``): `count` of them (1 to 16; the number of
+        `names` when given, else 1), each starting from the namespace as it is between
+        executions, then independent. A list of Session; the answer is each one's
+        ``created`` (``pid``, ``name``, and the fork's ``duration_ms`` and ``threads``)."""
+        forked = self._call("session.fork", **_wire.drop_none(
+            count=count, names=list(names) if names is not None else None))
+        return [Session(self._client, clone["session_id"], dict(clone, **_wire.fork_facts(forked)))
+                for clone in forked["sessions"]]
+
     @property
     def files(self):
         """The files of the session's work directory: ``write``, ``read``, ``list``,

@@ -25,6 +25,7 @@ _POST_ON_SESSION = {
     "session.checkpoint": "checkpoint",
     "session.restore": "restore",
     "session.hint": "hint",
+    "session.fork": "fork",
 }
 
 

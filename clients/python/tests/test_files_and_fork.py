@@ -1,6 +1,6 @@
-"""``session.files`` against a real daemon, over the socket, HTTP and asyncio: round trips
-in several chunks, what the session's code sees, listings and removal, and escapes and
-limits raised as their typed errors."""
+"""``session.files`` and ``session.fork`` against a real daemon, over the socket, HTTP and
+asyncio: file round trips in several chunks, what the session's code sees, listings and
+removal, escapes and limits raised as their typed errors, and clones that diverge."""
 
 import asyncio
 
@@ -63,4 +63,35 @@ def test_files_over_asyncio(daemon):
                 assert [e["name"] for e in await session.files.list()] == ["a.bin"]
                 await session.files.remove("a.bin")
                 assert await session.files.list() == []
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_fork_over_the_socket_http_and_asyncio(client, daemon):
+    with client.create_session() as session:
+        session.run("trail = ['source']")
+        left, right = session.fork(names=["py-left", "py-right"])
+        assert left.created["name"] == "py-left" and left.created["pid"]
+        left.run("trail.append('left')")
+        assert left.run("trail").value == "['source', 'left']"
+        assert right.run("trail").value == "['source']"
+        assert session.run("trail").value == "['source']"
+        with pytest.raises(InvalidParams):
+            session.fork(count=17)
+        for clone in (left, right):
+            clone.close()
+    http = HttpClient(daemon.http)
+    with http.create_session() as session:
+        session.run("n = 1")
+        (clone,) = session.fork()
+        assert clone.run("n + 1").value == "2"
+        clone.close()
+
+    async def scenario():
+        async with await AsyncClient.connect(daemon.socket) as aclient:
+            async with await aclient.create_session() as asession:
+                await asession.run("k = 'a'")
+                clones = await asession.fork(count=2)
+                assert [(await c.run("k")).value for c in clones] == ["'a'", "'a'"]
+                for c in clones:
+                    await c.close()
     asyncio.run(asyncio.wait_for(scenario(), 120))
