@@ -3,14 +3,13 @@
 //! running execution, a killed clone comes back from its own checkpoints, threads are said to
 //! be gone, and the count and quota limits hold.
 
-use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use pyvisor::{
-    EngineConfig, EngineError, ExecuteRequest, ExecutionStatus, Quotas, SandboxConfig, Session,
-    SessionOptions, SupervisorError,
+    EngineConfig, EngineError, ExecuteRequest, ExecutionStatus, Quotas, Session, SessionOptions,
+    SupervisorError,
 };
-use pyvisor_tests::{engine_with, manual_checkpoints, run, state_dir, within};
+use pyvisor_tests::{confined, engine_with, manual_checkpoints, run, within};
 
 fn config() -> EngineConfig {
     EngineConfig {
@@ -197,20 +196,7 @@ async fn a_sandboxed_clone_shares_the_uid_and_outlives_its_source() {
         nix::unistd::geteuid().is_root(),
         "uid separation is tested as root, as CI runs"
     );
-    let state = state_dir();
-    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o711)).unwrap();
-    let mut config = EngineConfig {
-        python: "/usr/bin/python3".into(),
-        sandbox: SandboxConfig {
-            uid_range: Some(62_760..=62_769),
-            landlock: true,
-            seccomp: true,
-            ..SandboxConfig::default()
-        },
-        state: manual_checkpoints(),
-        ..EngineConfig::default()
-    };
-    config.state.dir = Some(state);
+    let config = confined(62_760);
     let engine = engine_with(config).await;
     let source = engine
         .create_session(SessionOptions::default())
