@@ -79,6 +79,10 @@ pub enum SessionError {
     /// The worker could not write or read a checkpoint.
     #[error("checkpoint session {session_id}: the worker failed: {reason}")]
     WorkerState { session_id: String, reason: String },
+    /// The session's worker has no directory of its own (no `cwd` was given and no sandbox
+    /// confines it): the files API has nowhere to reach.
+    #[error("reach the files of session {session_id}: it has no work directory of its own (create it with a cwd, or run the engine with a sandbox)")]
+    NoWorkDir { session_id: String },
     /// A completion's cursor lies past the end of its code.
     #[error("complete at character {cursor}: the code has {chars} characters")]
     CursorOutOfRange { cursor: usize, chars: usize },
@@ -125,4 +129,11 @@ pub enum SupervisorError {
         name: String,
         other: String,
     },
+    /// A clone was to take a name its owner's live session already has.
+    #[error("fork: the name {name:?} is taken by a live session")]
+    CloneNameTaken { name: String },
+    /// The source session could not be forked (its worker refused, died, or no clone could
+    /// be adopted).
+    #[error("fork session {session}: {reason}")]
+    Fork { session: String, reason: String },
 }

@@ -24,6 +24,11 @@ pub struct SessionLimits {
     pub open_files: Option<u64>,
     /// Processes and threads of the session (cgroup `pids.max`, else `RLIMIT_NPROC`).
     pub processes: Option<u64>,
+    /// Largest file the files API writes into the session's work directory.
+    pub file_bytes: u64,
+    /// Most MiB of files the work directory may hold after a write through the files API;
+    /// no bound when `None`. Session code's own writes are bounded by the file system.
+    pub disk_mb: Option<u64>,
 }
 
 impl Default for SessionLimits {
@@ -38,6 +43,8 @@ impl Default for SessionLimits {
             cpu_s: None,
             open_files: Some(256),
             processes: Some(64),
+            file_bytes: 100 * 1024 * 1024,
+            disk_mb: Some(1024),
         }
     }
 }

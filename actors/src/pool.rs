@@ -25,7 +25,8 @@ use crate::worker::{Worker, WorkerSpec};
 mod messages;
 
 pub use messages::{
-    Acquire, DrainPool, GetPoolStats, Lease, PoolConfig, PoolStats, Release, Resize, Slot,
+    Acquire, DrainPool, GetPoolStats, Lease, PoolConfig, PoolStats, Release, ReserveClones, Resize,
+    Slot,
 };
 
 /// Spawn durations kept for the `spawn_ms_p50` figure.
@@ -474,6 +475,27 @@ impl Handler<Release> for PoolActor {
     fn handle(&mut self, _: Release, ctx: &mut Context<Self>) {
         self.active = self.active.saturating_sub(1);
         self.dispatch(ctx);
+    }
+}
+
+impl Handler<ReserveClones> for PoolActor {
+    type Result = Result<Box<WorkerSpec>, PoolError>;
+
+    fn handle(&mut self, msg: ReserveClones, _: &mut Context<Self>) -> Self::Result {
+        if self.draining {
+            return Err(PoolError::ShuttingDown);
+        }
+        let max_total = self.config.max_total;
+        if self.active + self.counted_spawns + msg.count > max_total {
+            return Err(PoolError::Exhausted {
+                waited: Duration::ZERO,
+                max_total,
+            });
+        }
+        // Ready spares give way to sessions.
+        while self.total() + msg.count > max_total && self.idle.pop_back().is_some() {}
+        self.active += msg.count;
+        Ok(Box::new(self.spec.clone()))
     }
 }
 

@@ -14,7 +14,7 @@
 //! This file holds the actor, its states and its worker's arrival; each other job has a file:
 //! `messages` (what callers send) and `handlers` (how each is taken in), `executions` (the
 //! queue, timeouts, interrupts, finishing), `worker_events` (frames, output, the worker's exit),
-//! `closing`, `state` and `durability` (checkpoints, restores, what a crash would lose), `idle`,
+//! `closing`, `forking` (clones of the worker for `session.fork`), `work_dir` (where the files API reads and writes), `state` and `durability` (checkpoints, restores, what a crash would lose), `idle`,
 //! `completion`, `llm_calls`, and the proactive side: `proactive`, `serving`, `speculation`.
 
 use std::collections::VecDeque;
@@ -40,6 +40,7 @@ mod deferred;
 mod durability;
 mod events;
 mod executions;
+mod forking;
 mod handlers;
 mod idle;
 mod llm_calls;
@@ -48,11 +49,13 @@ mod proactive;
 mod serving;
 mod speculation;
 mod state;
+mod work_dir;
 mod worker_events;
 
 pub use completion::{Complete, Completion, MAX_COMPLETE_BYTES};
 pub use durability::DurabilityReport;
 pub use events::{Executed, SessionEvent, Speculated, Subscribers};
+pub use forking::{ForkWorkers, ForkedWorkers};
 pub use llm_calls::LlmLink;
 pub use messages::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Drain, EventSender, Execute,
@@ -67,6 +70,7 @@ pub(crate) use serving::ServePath;
 pub use speculation::{PlannedSnippet, Speculate};
 use state::Durability;
 pub use state::{AutoCheckpoint, DurabilityMode, Inspection, StateSetup};
+pub use work_dir::{GetWorkDir, WorkDir};
 
 /// Most executions waiting behind the running one.
 pub const MAX_QUEUED_EXECUTIONS: usize = 1024;
@@ -153,6 +157,8 @@ pub struct SessionActor {
     published_phase: Option<&'static str>,
     durability: Durability,
     completions: completion::Completions,
+    /// Forks the worker has yet to answer.
+    forks: forking::Forks,
     /// Keep the session's checkpoints when it closes (else they are deleted).
     keep_state: bool,
     proactive: Option<proactive::Proactive>,
@@ -185,6 +191,7 @@ impl SessionActor {
             published_phase: None,
             durability,
             completions: Default::default(),
+            forks: Default::default(),
             keep_state: false,
             proactive,
             events,

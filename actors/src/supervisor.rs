@@ -32,9 +32,11 @@ use crate::session::{
 };
 use crate::worker::WorkerSpec;
 
+mod forking;
 mod messages;
 mod registry;
 
+pub use forking::{ForkSession, ForkedSessions};
 pub use messages::{
     CreateSession, FindSession, GetStats, Interpreter, ListSessions, LlmOptions, ProactiveOptions,
     Quotas, SessionHandle, SessionOptions, StateOptions, StopAll, SupervisorConfig,
@@ -277,6 +279,7 @@ impl RegistryActor {
             worker: Some(worker_info),
             restored: on_disk,
             predictor: proactive.map(|(predictor, _)| predictor),
+            registry: ctx.address(),
         };
         self.registry.insert(handle.clone());
         Ok(handle)

@@ -37,6 +37,7 @@
 
 mod connection;
 mod execution;
+mod files;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -50,6 +51,7 @@ use tokio::sync::mpsc;
 
 use self::connection::{decode, Connection};
 pub use self::execution::{ClientExecution, Event};
+pub use self::files::FileRange;
 pub use crate::errors::ClientError;
 use crate::rpc::code;
 use crate::rpc::wire::{
@@ -290,6 +292,21 @@ impl Client {
             cursor,
         };
         self.typed(method::COMPLETE, Some(&params)).await
+    }
+
+    /// Forks the session into `count` clones (named `names`, when given): `session.fork`.
+    pub async fn fork(
+        &self,
+        session_id: &str,
+        count: Option<usize>,
+        names: Vec<String>,
+    ) -> Result<wire::ForkResult, ClientError> {
+        let params = wire::ForkParams {
+            session_id: session_id.to_owned(),
+            count,
+            names: (!names.is_empty()).then_some(names),
+        };
+        self.typed(method::FORK, Some(&params)).await
     }
 
     /// The pool's figures and the engine's totals.

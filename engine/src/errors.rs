@@ -38,6 +38,12 @@ pub enum EngineError {
     /// A session asked for the LLM bridge on an engine without `[llm]`.
     #[error("give the session llm_query: the engine has no [llm] endpoint configured")]
     NoLlm,
+    /// A call on a session's files failed (`session.files.*`).
+    #[error(transparent)]
+    Files(#[from] crate::files::FileError),
+    /// A fork asked for what cannot be (a count out of range, names that do not match it).
+    #[error("fork: {0}")]
+    InvalidFork(String),
     /// A task request that cannot run (an unknown kind, a task id in use).
     #[error("run the task: {0}")]
     Task(String),

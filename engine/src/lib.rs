@@ -75,6 +75,7 @@ pub mod cluster;
 pub mod config;
 mod engine;
 pub mod errors;
+pub mod files;
 mod http_client;
 pub mod llm;
 #[cfg(feature = "cli")]
@@ -112,4 +113,4 @@ pub use pyvisor_actors::{
     OutputStream, PoolError, Recovered, ResultValue, SessionError, SessionLimits, SupervisorError,
     Transaction,
 };
-pub use session::{Execution, Session};
+pub use session::{Execution, Forked, Session, MAX_FORKS};

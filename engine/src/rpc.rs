@@ -8,6 +8,7 @@ mod client_llm;
 #[cfg(feature = "server")]
 mod dispatch;
 pub mod errors;
+pub mod files;
 pub mod framing;
 #[cfg(feature = "server")]
 mod limits;

@@ -11,14 +11,28 @@ use pyvisor_actors::checkpoint::{CheckpointId, CheckpointInfo};
 use pyvisor_actors::proactive::predictor::Hint;
 use pyvisor_actors::session::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Complete, Completion, Execute,
-    ExecutionTicket, GetInfo, Interrupt, ListCheckpoints, Progress, RestoreCheckpoint,
-    RestoreSummary, SendInput, SessionPhase, SessionSnapshot,
+    ExecutionTicket, GetInfo, GetWorkDir, Interrupt, ListCheckpoints, Progress, RestoreCheckpoint,
+    RestoreSummary, SendInput, SessionPhase, SessionSnapshot, WorkDir,
 };
-use pyvisor_actors::supervisor::SessionHandle;
+use pyvisor_actors::supervisor::{ForkSession, SessionHandle};
 use pyvisor_actors::{ExecuteRequest, ExecutionEvent, ExecutionResult, SessionError};
 use tokio::sync::mpsc;
 
 use crate::errors::EngineError;
+use crate::files::SessionFiles;
+
+/// Most clones one [`Session::fork`] makes.
+pub const MAX_FORKS: usize = 16;
+
+/// The sessions a [`Session::fork`] made.
+#[derive(Debug)]
+pub struct Forked {
+    pub sessions: Vec<Session>,
+    /// Threads of the source's code that were running at the fork: none of them runs in a
+    /// clone, whose first execution says so on its stderr.
+    pub threads: u32,
+    pub duration: std::time::Duration,
+}
 
 /// A persistent Python session. Cheap to clone; every clone talks to the same namespace.
 #[derive(Debug, Clone)]
@@ -192,6 +206,48 @@ impl Session {
             .into());
         }
         Ok(snapshot)
+    }
+
+    /// The files of the session's work directory (`session.files.*`).
+    pub fn files(&self) -> SessionFiles {
+        SessionFiles::new(self.clone())
+    }
+
+    /// Where the session's files are, as its current worker has them.
+    pub(crate) async fn work_dir(&self) -> Result<WorkDir, EngineError> {
+        Ok(self.handle.addr.send(GetWorkDir).await??)
+    }
+
+    /// Forks the session: `count` (1 to [`MAX_FORKS`]) new sessions, each starting with a
+    /// copy-on-write copy of this one's namespace as it is between executions (a running
+    /// execution is waited for), with its owner and limits, its own id (and the name of
+    /// `names` at its place, when given: then `count` is their number), its own process,
+    /// process group, cgroup, checkpoints and crash recovery. This session is untouched. A
+    /// clone shares this session's uid and work directory (see docs/protocol.md).
+    pub async fn fork(&self, count: usize, names: Vec<String>) -> Result<Forked, EngineError> {
+        if !(1..=MAX_FORKS).contains(&count) {
+            return Err(EngineError::InvalidFork(format!(
+                "count: from 1 to {MAX_FORKS}, got {count}"
+            )));
+        }
+        if !names.is_empty() && names.len() != count {
+            return Err(EngineError::InvalidFork(format!(
+                "names: {} names for {count} clones",
+                names.len()
+            )));
+        }
+        let fork = ForkSession {
+            session: self.id().to_owned(),
+            owner: self.owner().map(str::to_owned),
+            count,
+            names,
+        };
+        let forked = self.handle.registry.send(fork).await??;
+        Ok(Forked {
+            sessions: forked.sessions.into_iter().map(Session::new).collect(),
+            threads: forked.threads,
+            duration: forked.duration,
+        })
     }
 
     /// Whether the session came back from checkpoints an earlier engine left on disk.

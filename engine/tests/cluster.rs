@@ -248,6 +248,45 @@ async fn a_node_refuses_a_session_over_the_owners_quota_held_on_another_node() {
     assert!(bob["session_id"].is_string(), "{bob}");
 }
 
+#[tokio::test]
+async fn forked_sessions_enter_the_directory_and_count_against_the_quota() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let quota = "[limits]\nmax_sessions_per_owner = 3\n";
+    let (node_a, node_b) = two_nodes_with(&db, homes.path(), quota).await;
+    let mut at_a = node_a.connect().await;
+    let created = at_a.call("session.create", json!({"owner": "alice"})).await;
+    let source = created["session_id"].as_str().expect("an id").to_owned();
+    let forked = at_a
+        .call(
+            "session.fork",
+            json!({"session_id": source, "owner": "alice"}),
+        )
+        .await;
+    let clone = forked["sessions"][0]["session_id"]
+        .as_str()
+        .expect("a clone");
+    let store = db.connect().await;
+    let holder: String = store
+        .query_one(
+            "SELECT holder FROM pyvisor_sessions WHERE session_id = $1",
+            &[&clone],
+        )
+        .await
+        .expect("the clone's directory row")
+        .get(0);
+    assert_eq!(holder, "node-a");
+    // Node B holds alice's third session: one more clone on node A is over the quota.
+    let third = (node_b.connect().await)
+        .call("session.create", json!({"owner": "alice"}))
+        .await;
+    assert!(third["session_id"].is_string(), "{third}");
+    let params = json!({"session_id": source, "owner": "alice", "count": 1});
+    assert_eq!(at_a.error_code("session.fork", params).await, -32005);
+    let listed = at_a.call("session.list", json!({"owner": "alice"})).await;
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+}
+
 /// A cluster node's config: the store, its id, a short lease, one warm worker, and an
 /// advertised URL where nothing listens.
 fn node_config(home: &Path, db: &postgres::Database, node_id: &str) -> std::path::PathBuf {

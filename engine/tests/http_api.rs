@@ -677,3 +677,41 @@ async fn stop_lets_a_websocket_execution_finish_then_closes_the_socket() {
     );
     stopping.await.expect("stop completes");
 }
+
+#[actix_rt::test]
+async fn fork_over_rest_makes_sessions_that_start_from_the_source() {
+    let server = start().await;
+    let id = server.create().await;
+    server.execute(&id, "seen = ['source']").await;
+    let path = format!("/v1/sessions/{id}/fork");
+    let (status, forked) = server
+        .post(&path, json!({"names": ["left", "right"]}))
+        .await;
+    assert_eq!(status, 200, "{forked}");
+    let clones = forked["sessions"].as_array().unwrap();
+    assert_eq!(clones.len(), 2);
+    assert_eq!(clones[0]["name"], "left");
+    assert!(clones[0]["pid"].as_u64().is_some());
+    assert!(forked["duration_ms"].as_f64().unwrap() > 0.0);
+    // By name, like any session.
+    server.execute("left", "seen.append('left')").await;
+    assert_eq!(
+        repr(&server.execute("left", "seen").await),
+        "['source', 'left']"
+    );
+    assert_eq!(repr(&server.execute("right", "seen").await), "['source']");
+    assert_eq!(repr(&server.execute(&id, "seen").await), "['source']");
+    // Bad requests are 400 and leave the engine serving.
+    for body in [
+        json!({"count": 0}),
+        json!({"count": 17}),
+        json!({"count": 2, "names": ["x"]}),
+        json!({"copies": 1}),
+    ] {
+        let (status, answer) = server.post(&path, body.clone()).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+    }
+    let (status, _) = server.post("/v1/sessions/nobody/fork", json!({})).await;
+    assert_eq!(status, 404);
+    server.stop().await;
+}

@@ -92,6 +92,10 @@ pub enum HostMessage {
     },
     /// Kill the child of speculation `id` if it still runs.
     CancelSpeculation { id: String },
+    /// Fork the worker `count` times between executions (after the running one): each child
+    /// is a clone of the session with pipes of its own, waiting for [`HostMessage::Start`] on
+    /// them before it says hello. Answered by one [`WorkerMessage::Forked`].
+    Fork { id: String, count: u32 },
     /// The host answered `code` from a speculative run computed on the namespace exactly as
     /// it is (no execution ran since): count it as an execution of the session (its cell
     /// number, its source for tracebacks). No reply.
@@ -375,6 +379,18 @@ pub enum WorkerMessage {
     /// The completions of the complete request `id`: each replaces the word before the
     /// cursor (the run of identifier characters and dots that ends there).
     CompleteDone { id: String, matches: Vec<String> },
+    /// The clones of fork `id`, forked between executions; `error` says why there are
+    /// fewer than asked for (none when the first fork failed).
+    Forked {
+        id: String,
+        clones: Vec<ForkedClone>,
+        /// Threads of the session's code that were running at the fork (none survive in a
+        /// clone).
+        #[serde(default)]
+        threads: u32,
+        #[serde(default)]
+        error: Option<String>,
+    },
     /// Code of execution `id` called the LLM bridge; its thread waits for the
     /// [`HostMessage::LlmReply`] of `call` (a number the worker never reuses).
     LlmCall {
@@ -539,6 +555,18 @@ pub enum RlimitResource {
     Nofile,
     As,
     Nproc,
+}
+
+/// One clone of a [`HostMessage::Fork`]: its pid (also its process group) and the numbers
+/// of the descriptors in it that hold the host's ends of its pipes, for the host to open
+/// through `/proc/<pid>/fd` before the start frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkedClone {
+    pub pid: u32,
+    pub stdout: i32,
+    pub stderr: i32,
+    pub requests: i32,
+    pub replies: i32,
 }
 
 #[cfg(test)]

@@ -123,6 +123,9 @@ def execute(request):
         problem = ("execute request %r needs a code string, an int repr_limit, a transaction"
                    " and no cell or a positive int one")
         raise TypeError(problem % (execution_id,))
+    if state.fork_note is not None:  # the first execution of a clone: see cloning
+        note, state.fork_note = state.fork_note, None
+        os.write(2, note.encode("utf-8"))
     cell = cells.Cell(code, count_cell(code, number))
     watch = changes.Watch(cell, rollback=transaction == "rollback_on_failure")
     recorder = facts.Recorder(cell) if request.get("facts") is True else None
@@ -328,3 +331,13 @@ def after_fork_in_child():
     _forked = True
     state.current_id = None
     state.execution_lock = threading.Lock()  # the reader thread, not forked, may have held it
+
+
+def after_fork_in_clone():
+    """A clone of the session (see cloning) serves the protocol again, on pipes of its own;
+    what the source had received and not run is not the clone's."""
+    global _forked, pending_facts
+    _forked = False
+    pending_facts = None
+    state.waiting.clear()
+    state.input_waiting_for = None

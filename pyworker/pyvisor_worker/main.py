@@ -13,7 +13,7 @@ import signal
 import sys
 
 from pyvisor_worker import (
-    adoption, bridge, checkpoints, completion, display, execution, inspection, prompts, protocol,
+    adoption, bridge, checkpoints, cloning, completion, display, execution, inspection, prompts, protocol,
     restores, sandbox, speculation, state, surroundings, zygote,
 )
 
@@ -71,6 +71,12 @@ def main(preload=()):
     getpass.getpass = prompts.getpass
     os.register_at_fork(after_in_child=execution.after_fork_in_child)
     surroundings.install()
+    _start_serving()
+    _serve()
+
+
+def _start_serving():
+    """Start the thread that reads the requests, and say hello (also in a clone)."""
     # A frame that comes before the reader thread runs waits in the pipe.
     protocol.start_thread(protocol.read_requests, execution.interrupt, inspection.inspect,
                           speculation.cancel, bridge)
@@ -83,12 +89,11 @@ def main(preload=()):
         "capabilities": list(protocol.CAPABILITIES),
         **({"sandbox": sandbox.applied} if sandbox.applied is not None else {}),
     })
-    _serve()
 
 
 def _serve():
-    """Main loop: serve the execute, checkpoint, restore, speculate, adopt and complete
-    requests in arrival order."""
+    """Main loop: serve the execute, checkpoint, restore, speculate, adopt, complete and
+    fork requests in arrival order."""
     arrived = None  # a request that came while the worker waited to compute facts
     while True:
         request = arrived if arrived is not None else protocol.requests.get()
@@ -107,6 +112,8 @@ def _serve():
                 reply = adoption.counted(request)
             elif kind == "complete":
                 reply = completion.complete(request)
+            elif kind == "fork":
+                reply = cloning.fork(request, _start_serving, _serve)
             else:
                 reply = restores.restore(request)
         except BaseException as exc:
@@ -132,5 +139,7 @@ def _fault_reply(request, exc):
         return None
     if kind == "complete":
         return {"type": "complete_done", "id": request_id, "matches": []}
+    if kind == "fork":
+        return {"type": "forked", "id": request_id, "clones": [], "threads": 0, "error": reason}
     return {"type": "restore_done", "id": request_id, "restored": [], "kept": [], "lost": [],
             "error": reason}

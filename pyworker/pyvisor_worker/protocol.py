@@ -24,6 +24,7 @@ Host -> worker:
     {"type": "speculate", "id": "s-1", "snippets": ["df.head()"], "repr_limit": 65536,
      "output_limit": 65536, "cpu_ms": 2000}
     {"type": "cancel_speculation", "id": "s-1"}
+    {"type": "fork", "id": "f-1", "count": 2}                 (see cloning)
     {"type": "adopt", "id": "a-1", "code": "df.head()",
      "reads": [{"name": "df", "fingerprint": "1f0c..." | null}],
      "files": [{"path": "/d/x.csv", "size": 10, "mtime_ns": 1, "ctime_ns": 1, "inode": 7}],
@@ -79,6 +80,8 @@ message kind comes with a new capability, not a new protocol version.
     {"type": "speculation_done", "id": "s-1", "ending": "finished" | "cancelled" |
      "cpu_limit" | "crashed: killed by SIGSEGV" | "crashed: exit status 1", "cpu_ms": 12.5}
     {"type": "adopt_done", "id": "a-1", "fresh": false, "reason": null | "changed df"}
+    {"type": "forked", "id": "f-1", "clones": [{"pid": 1300, "stdout": 7, "stderr": 9,
+     "requests": 12, "replies": 13}], "threads": 0, "error": null}            (see cloning)
     {"type": "llm_call", "id": "e-1", "call": 7, "kind": "llm", "prompts": ["..."],
      "model": null}                      from any thread of the session's code (see bridge)
 
@@ -116,7 +119,8 @@ from pyvisor_worker import state
 
 PROTOCOL_VERSION = 1
 # The optional requests served here, announced in the hello (see the module doc).
-CAPABILITIES = ("checkpoint", "restore", "inspect", "complete", "speculate", "adopt", "facts")
+CAPABILITIES = ("checkpoint", "restore", "inspect", "complete", "speculate", "adopt", "facts",
+                "fork")
 REQUEST_FD = 3
 REPLY_FD = 4
 MAX_FRAME = 32 * 1024 * 1024
@@ -130,6 +134,15 @@ _write_lock = threading.Lock()
 # answers (None meaning end of file) for the input() waiting for one.
 requests = queue.SimpleQueue()
 input_replies = queue.SimpleQueue()
+
+
+def reset_in_clone():
+    """In a clone of the session (see cloning): the requests queued for the source, and a
+    write lock a thread of it may have held at the fork, are not the clone's."""
+    global requests, input_replies, _write_lock
+    requests = queue.SimpleQueue()
+    input_replies = queue.SimpleQueue()
+    _write_lock = threading.Lock()
 
 
 def flush_output():
@@ -280,7 +293,7 @@ def read_requests(interrupt, inspect, cancel_speculation, bridge):
             # With the count of cancels so far: an execute that comes after it cancels it
             # even before it starts.
             requests.put(dict(message, cancels=state.speculation_cancels))
-        elif kind in ("checkpoint", "adopt", "counted", "complete"):
+        elif kind in ("checkpoint", "adopt", "counted", "complete", "fork"):
             requests.put(message)
         elif kind == "cancel_speculation":
             cancel_speculation(message.get("id"))

@@ -72,6 +72,14 @@ def cancel(speculation_id):
                 del _waiting_cancels[next(iter(_waiting_cancels))]
 
 
+def forget_in_clone():
+    """In a clone of the session (see cloning): the source's speculation child is not its."""
+    global _live, _lock
+    _lock = threading.Lock()
+    _live = None
+    _waiting_cancels.clear()
+
+
 def _kill(child):
     """SIGKILL `child`, unless it was killed or has exited; under _lock, so its pid is ours."""
     if not child.cancelled and not child.exited:

@@ -48,6 +48,9 @@ def is_user_name(name):
     """Whether `name` is one of the session's own names, not a dunder such as __builtins__."""
     return type(name) is str and not (name.startswith("__") and name.endswith("__"))
 
+# In a clone (see cloning): what its first execution tells the code's stderr, once.
+fork_note = None
+
 # How many times an execute or a restore has cancelled speculation: a speculate request carries
 # the count of when it arrived, and does not start if it has changed since (see speculation).
 speculation_cancels = 0

@@ -3,14 +3,39 @@
 
 pub mod fake_llm;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::StreamExt;
 use pyvisor::{
     AutoCheckpoint, Engine, EngineConfig, ExecuteRequest, Execution, ExecutionEvent,
-    ExecutionResult, Session, StateConfig,
+    ExecutionResult, SandboxConfig, Session, StateConfig,
 };
+
+/// An interpreter every session uid can run (the test's own may live under /root, 0700).
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// An engine config whose workers each run as a uid of `first_uid..=first_uid + 9` (give each
+/// test a range of its own), under Landlock and seccomp, checkpointing only when asked.
+pub fn confined(first_uid: u32) -> EngineConfig {
+    let state = state_dir();
+    // The workers enter the state directory to reach their checkpoint directories.
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let mut config = EngineConfig {
+        python: PYTHON.into(),
+        sandbox: SandboxConfig {
+            uid_range: Some(first_uid..=first_uid + 9),
+            landlock: true,
+            seccomp: true,
+            ..SandboxConfig::default()
+        },
+        state: manual_checkpoints(),
+        ..EngineConfig::default()
+    };
+    config.state.dir = Some(state);
+    config
+}
 
 /// An engine with default settings, as an embedder gets it.
 pub async fn engine() -> Engine {

@@ -7,29 +7,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use pyvisor::{EngineConfig, ExecutionStatus, SandboxConfig, Session, SessionOptions};
-use pyvisor_tests::{engine_with, manual_checkpoints, run, state_dir};
-
-/// An interpreter every session uid can run (the test's own may live under /root, 0700).
-const PYTHON: &str = "/usr/bin/python3";
-
-fn confined(first_uid: u32) -> EngineConfig {
-    let state = state_dir();
-    // The workers enter the state directory to reach their checkpoint directories.
-    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o711)).unwrap();
-    let mut config = EngineConfig {
-        python: PYTHON.into(),
-        sandbox: SandboxConfig {
-            uid_range: Some(first_uid..=first_uid + 9),
-            landlock: true,
-            seccomp: true,
-            ..SandboxConfig::default()
-        },
-        state: manual_checkpoints(),
-        ..EngineConfig::default()
-    };
-    config.state.dir = Some(state);
-    config
-}
+use pyvisor_tests::{confined, engine_with, run, state_dir, PYTHON};
 
 async fn session(engine: &pyvisor::Engine, network: Option<bool>) -> Session {
     let options = SessionOptions {

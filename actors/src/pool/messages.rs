@@ -70,6 +70,15 @@ pub struct Lease {
     pub warm: bool,
 }
 
+/// Take `count` places under `max_total` for the clones of a session (`session.fork`), at
+/// once or not at all (idle workers give way); answers the pool's own kind of worker. A clone
+/// that did not come to be gives its place back with [`Release`].
+#[derive(Message)]
+#[rtype(result = "Result<Box<WorkerSpec>, PoolError>")]
+pub struct ReserveClones {
+    pub count: usize,
+}
+
 /// A session that held a place under `max_total` has ended. Its worker is never reused:
 /// the pool only hands out fresh workers.
 #[derive(Message)]

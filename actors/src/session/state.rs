@@ -574,6 +574,7 @@ impl SessionActor {
     /// the latest checkpoint if there is one.
     pub(super) fn forget_worker_requests(&mut self, crashed: bool) -> Option<Recovered> {
         self.completions.forget();
+        self.forks.forget();
         for (_, pending) in self.durability.pending.drain() {
             let lost = || SessionError::WorkerState {
                 session_id: self.session_id.clone(),

@@ -65,6 +65,19 @@ impl SessionActor {
             WorkerMessage::CompleteDone { id, matches } => {
                 return self.complete_done(&id, matches);
             }
+            WorkerMessage::Forked {
+                id,
+                clones,
+                threads,
+                error,
+            } => {
+                let report = super::forking::ForkReport {
+                    clones,
+                    threads,
+                    error,
+                };
+                return self.forked(&id, report);
+            }
             WorkerMessage::Speculated { id, index, outcome } => {
                 return self.speculated(&id, index, *outcome, ctx);
             }

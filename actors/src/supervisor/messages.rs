@@ -184,6 +184,8 @@ pub struct SessionHandle {
     pub restored: bool,
     /// The predictor following the session, when it is proactive (takes its hints).
     pub predictor: Option<Addr<PredictorActor>>,
+    /// The registry the session is in, for what concerns more than the session (a fork).
+    pub registry: Addr<super::RegistryActor>,
 }
 
 /// Every live session, or an owner's.

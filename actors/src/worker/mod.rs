@@ -4,6 +4,7 @@
 
 mod cgroup;
 mod child;
+mod clone;
 mod exit;
 mod janitor;
 mod output;

@@ -164,6 +164,11 @@ impl Confinement {
         self.uid.is_some() || self.plan.as_ref().is_some_and(|plan| plan.landlock)
     }
 
+    /// The worker's working directory: the client's `cwd`, else its own `work` directory.
+    pub fn work_dir(&self) -> Option<&str> {
+        self.plan.as_ref()?.cwd.as_deref()
+    }
+
     /// The plan the worker applies to itself.
     pub(crate) fn plan(&self) -> Option<&SandboxPlan> {
         self.plan.as_ref()

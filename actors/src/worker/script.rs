@@ -46,6 +46,7 @@ pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("pyvisor_worker/cells.py"),
     worker_file!("pyvisor_worker/changes.py"),
     worker_file!("pyvisor_worker/checkpoints.py"),
+    worker_file!("pyvisor_worker/cloning.py"),
     worker_file!("pyvisor_worker/completion.py"),
     worker_file!("pyvisor_worker/display.py"),
     worker_file!("pyvisor_worker/execution.py"),

@@ -101,6 +101,8 @@ pub enum WorkerOrigin {
     Spawned,
     /// Forked by the zygote, with its preload modules already imported.
     Forked,
+    /// Forked by another session's worker: a clone of that session (`session.fork`).
+    Cloned,
 }
 
 /// A running worker: its identity, the way to send it frames, and its event stream.
@@ -115,8 +117,9 @@ pub struct Worker {
     pub origin: WorkerOrigin,
     /// The worker's cgroup; dropping it kills whatever is left in it.
     leaf: Option<CgroupLeaf>,
-    /// The worker's uid and directories; dropping it sweeps the uid and removes them.
-    confinement: Option<Confinement>,
+    /// The worker's uid and directories, shared with its clones (see `clone`); dropping the
+    /// last holder sweeps the uid and removes them.
+    confinement: Option<Arc<Confinement>>,
     janitor: Option<Arc<Janitor>>,
 }
 
@@ -176,7 +179,12 @@ impl Worker {
 
     /// The worker's confinement (uid, directories), when it has one.
     pub fn confinement(&self) -> Option<&Confinement> {
-        self.confinement.as_ref()
+        self.confinement.as_deref()
+    }
+
+    /// The confinement as its clones share it.
+    pub fn shared_confinement(&self) -> Option<Arc<Confinement>> {
+        self.confinement.clone()
     }
 }
 
@@ -214,16 +222,16 @@ pub(crate) fn kill_group(pgid: u32) {
 }
 
 /// A worker process that has been started but has not said hello yet.
-struct Spawned {
-    pid: u32,
-    writer: FrameWriter,
-    events: mpsc::Receiver<WorkerEvent>,
-    leaf: Option<CgroupLeaf>,
-    confinement: Option<Confinement>,
+pub(super) struct Spawned {
+    pub(super) pid: u32,
+    pub(super) writer: FrameWriter,
+    pub(super) events: mpsc::Receiver<WorkerEvent>,
+    pub(super) leaf: Option<CgroupLeaf>,
+    pub(super) confinement: Option<Arc<Confinement>>,
 }
 
 /// Waits for the `hello` of a started worker; kills it when none comes.
-async fn handshake(
+pub(super) async fn handshake(
     spec: &WorkerSpec,
     started: Spawned,
     origin: WorkerOrigin,
@@ -267,7 +275,7 @@ async fn handshake(
 static NEXT_LEAF: AtomicU64 = AtomicU64::new(1);
 
 /// The worker's own cgroup leaf, when the spec has a cgroup manager that can make one.
-fn create_leaf(spec: &WorkerSpec) -> Result<Option<CgroupLeaf>, SpawnError> {
+pub(super) fn create_leaf(spec: &WorkerSpec) -> Result<Option<CgroupLeaf>, SpawnError> {
     let Some(cgroups) = &spec.cgroups else {
         return Ok(None);
     };
@@ -351,7 +359,7 @@ fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
         writer,
         events,
         leaf,
-        confinement,
+        confinement: confinement.map(Arc::new),
     })
 }
 
@@ -415,12 +423,16 @@ async fn fork_process(spec: &WorkerSpec, zygote: &Zygote) -> Result<Spawned, Spa
         writer,
         events,
         leaf,
-        confinement,
+        confinement: confinement.map(Arc::new),
     })
 }
 
 /// Registers process group `pid` with the janitor and puts `pid` in its cgroup leaf.
-fn contain(spec: &WorkerSpec, pid: u32, leaf: Option<&CgroupLeaf>) -> Result<(), SpawnError> {
+pub(super) fn contain(
+    spec: &WorkerSpec,
+    pid: u32,
+    leaf: Option<&CgroupLeaf>,
+) -> Result<(), SpawnError> {
     if let Some(janitor) = &spec.janitor {
         janitor.register(pid);
     }
@@ -434,14 +446,14 @@ fn contain(spec: &WorkerSpec, pid: u32, leaf: Option<&CgroupLeaf>) -> Result<(),
 }
 
 /// The host's ends of a worker's pipes, registered with the runtime.
-struct HostEnds {
-    pipes: PumpPipes,
-    requests: pipe::Sender,
+pub(super) struct HostEnds {
+    pub(super) pipes: PumpPipes,
+    pub(super) requests: pipe::Sender,
 }
 
 impl HostEnds {
     /// Starts the pump and the frame writer of the worker whose exit `exit` observes.
-    fn start(
+    pub(super) fn start(
         self,
         exit: ExitSource,
         max_frame: usize,

@@ -8,7 +8,15 @@
 
 import type { Connection } from "./connection.js";
 import { ConnectionClosed, UnknownSession } from "./errors.js";
-import type { Checkpoint, Created, Display, ExecutionResult, LlmAnswer, RunOptions } from "./types.js";
+import type {
+  Checkpoint,
+  Created,
+  Display,
+  ExecutionResult,
+  ForkResult,
+  LlmAnswer,
+  RunOptions,
+} from "./types.js";
 
 export class Session {
   private turn: Promise<unknown> = Promise.resolve();
@@ -92,6 +100,19 @@ export class Session {
     const params: Record<string, unknown> = { session_id: this.id };
     if (checkpointId !== undefined) params.checkpoint_id = checkpointId;
     return this.connection.call("session.restore", params);
+  }
+
+  /**
+   * Clones of the session (`session.fork`): `count` of them (1 to 16; the number of `names`
+   * when given, else 1), each starting from the namespace as it is between executions (a
+   * running execution is waited for), then independent. Reach each with the client's
+   * `session(id)` (a session on its own WebSocket reaches only itself).
+   */
+  fork(options: { count?: number; names?: string[] } = {}): Promise<ForkResult> {
+    const params: Record<string, unknown> = { session_id: this.id };
+    if (options.count !== undefined) params.count = options.count;
+    if (options.names !== undefined) params.names = options.names;
+    return this.connection.call<ForkResult>("session.fork", params);
   }
 
   /** `session.info`: state, variables, durability, limits, sandbox. */

@@ -34,6 +34,14 @@ export interface Created {
   restored: boolean;
 }
 
+/** `session.fork` result: the clones, how long the fork took, and the threads of the
+ * source's code that were running at the fork (none runs in a clone). */
+export interface ForkResult {
+  sessions: { session_id: string; pid: number | null; name?: string }[];
+  duration_ms: number;
+  threads: number;
+}
+
 /** One rich output (`display` of the result, `session.display`). */
 export interface Display {
   mime: string;

@@ -1,7 +1,7 @@
 // Every transport against a real daemon: the Unix socket, a child `pyvisor serve --stdio`
 // (chosen by `auto` when no socket answers), and HTTP + WebSocket with a token. Each runs the
 // same checks: state between runs, streamed output in order, input(), an AbortSignal that
-// interrupts, checkpoint and restore, typed errors, and Symbol.asyncDispose.
+// interrupts, checkpoint and restore, typed errors, Symbol.asyncDispose, and fork.
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
@@ -75,6 +75,22 @@ for (const name of ["socket", "stdio", "http"]) {
       assert.equal((await again.run("kept")).result.repr, "'before'");
       await session.close();
       await assert.rejects(client.session("s-does-not-exist"), UnknownSession);
+    });
+
+    test("fork makes clones that start from the source and diverge", async () => {
+      const source = await client.createSession();
+      await source.run("trail = ['source']");
+      const forked = await source.fork({ names: [`${name}-left`, `${name}-right`] });
+      assert.equal(forked.sessions.length, 2);
+      assert.equal(forked.sessions[0].name, `${name}-left`);
+      assert.ok(forked.duration_ms > 0);
+      const [left, right] = await Promise.all(forked.sessions.map((s) => client.session(s.session_id)));
+      await left.run("trail.append('left')");
+      assert.equal((await left.run("trail")).result.repr, "['source', 'left']");
+      assert.equal((await right.run("trail")).result.repr, "['source']");
+      assert.equal((await source.run("trail")).result.repr, "['source']");
+      await assert.rejects(source.fork({ count: 17 }), (err) => err.code === -32602);
+      for (const session of [left, right, source]) await session.close();
     });
   });
 }

@@ -17,6 +17,7 @@ mod replay;
 mod save;
 mod serve;
 mod session;
+mod session_files;
 mod table;
 mod target;
 mod task;

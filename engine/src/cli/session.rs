@@ -1,5 +1,5 @@
-//! `pyvisor session list|info|close|checkpoint|restore|checkpoints`: manage the daemon's
-//! sessions from the shell. Each command is one JSON-RPC call on the daemon's socket; its
+//! `pyvisor session list|info|close|checkpoint|restore|checkpoints|fork|cp|ls`: manage the daemon's
+//! sessions from the shell (`cp` and `ls` are in `session_files`). Each command is one JSON-RPC call on the daemon's socket; its
 //! answer is printed as a table (text) or as the method's result (`--format json`).
 //!
 //! Exit status: 0 done, 1 the daemon refused (unknown session, checkpoint not found), 2 usage
@@ -9,9 +9,12 @@ use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
 use pyvisor::client::Client;
-use pyvisor::rpc::wire::{CheckpointEntry, CheckpointTaken, Restored, SessionInfo, VariableInfo};
+use pyvisor::rpc::wire::{
+    CheckpointEntry, CheckpointTaken, ForkResult, Restored, SessionInfo, VariableInfo,
+};
 use pyvisor::LostName;
 
+use super::session_files::{self, CpArgs, LsArgs};
 use super::table::{age, bytes, or_dash, render_or};
 use super::target::{refused, Target};
 
@@ -30,6 +33,13 @@ pub enum SessionCommand {
     Restore(RestoreArgs),
     /// A session's checkpoints, newest first.
     Checkpoints(SessionArgs),
+    /// Fork a session: clones that start from its namespace as it is between executions.
+    Fork(ForkArgs),
+    /// Copy a file between here and a session's work directory:
+    /// `cp LOCAL SESSION:PATH` or `cp SESSION:PATH LOCAL`.
+    Cp(CpArgs),
+    /// The files of a session's work directory: `ls SESSION[:DIR]`.
+    Ls(LsArgs),
 }
 
 /// Arguments of `session list`.
@@ -62,6 +72,19 @@ pub struct CloseArgs {
     keep: bool,
 }
 
+/// Arguments of `session fork`.
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    #[command(flatten)]
+    session: SessionArgs,
+    /// How many clones (1 to 16); the number of --name when they are given, else 1.
+    #[arg(long, value_name = "N")]
+    count: Option<usize>,
+    /// A name for a clone (repeat for each).
+    #[arg(long = "name", value_name = "NAME")]
+    names: Vec<String>,
+}
+
 /// Arguments of `session restore`.
 #[derive(Debug, Args)]
 pub struct RestoreArgs {
@@ -79,6 +102,9 @@ pub async fn run(command: SessionCommand) -> u8 {
         | SessionCommand::Checkpoints(args) => &args.target,
         SessionCommand::Close(args) => &args.session.target,
         SessionCommand::Restore(args) => &args.session.target,
+        SessionCommand::Fork(args) => &args.session.target,
+        SessionCommand::Cp(args) => &args.target,
+        SessionCommand::Ls(args) => &args.target,
     };
     let client = match target.connect().await {
         Ok(client) => client,
@@ -122,6 +148,15 @@ async fn call(client: &Client, command: &SessionCommand) -> u8 {
             Ok(entries) => args.target.print(&entries, |entries| checkpoints(entries)),
             Err(err) => refused(err),
         },
+        SessionCommand::Fork(args) => {
+            let SessionArgs { session, target } = &args.session;
+            match client.fork(session, args.count, args.names.clone()).await {
+                Ok(forked) => target.print(&forked, fork_text),
+                Err(err) => refused(err),
+            }
+        }
+        SessionCommand::Cp(args) => session_files::cp(client, args).await,
+        SessionCommand::Ls(args) => session_files::ls(client, args).await,
     }
 }
 
@@ -246,6 +281,38 @@ fn checkpoint_text(taken: &CheckpointTaken) -> String {
         taken.duration_ms
     );
     lost_names(&mut out, "not saved", &taken.lost);
+    out
+}
+
+/// The text of `session fork`: one line per clone.
+fn fork_text(forked: &ForkResult) -> String {
+    let mut out = String::new();
+    for clone in &forked.sessions {
+        let _ = writeln!(
+            out,
+            "{} (pid {}{})",
+            clone.session_id,
+            or_dash(clone.pid),
+            clone
+                .name
+                .as_deref()
+                .map(|name| format!(", name {name}"))
+                .unwrap_or_default()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "forked {} clone(s) in {:.1} ms",
+        forked.sessions.len(),
+        forked.duration_ms
+    );
+    if forked.threads > 0 {
+        let _ = writeln!(
+            out,
+            "{} thread(s) of the source do not run in the clones",
+            forked.threads
+        );
+    }
     out
 }
 

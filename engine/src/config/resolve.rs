@@ -101,6 +101,8 @@ impl Settings {
             cpu_s: nonzero(limits.cpu_s),
             open_files: nonzero(limits.open_files),
             processes: nonzero(limits.processes),
+            file_bytes: limits.file_bytes,
+            disk_mb: nonzero(limits.disk_mb),
         }
     }
 

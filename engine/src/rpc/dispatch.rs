@@ -23,12 +23,14 @@ use handles::SessionHandles;
 use super::caller::Caller;
 use super::client_llm::ClientBridge;
 use super::errors::RpcError;
+use super::files;
 use super::limits::LimitPolicy;
 use super::memory;
 use super::outbound::Outbound;
 use super::params::{decode, decode_or_default, encode, no_params, take_owner};
 use super::task;
 use super::wire::{self, method};
+use crate::files::SessionFiles;
 use crate::{Engine, EngineError, Session, SupervisorError};
 
 /// Serves JSON-RPC method calls against one engine. Shared by every connection.
@@ -141,6 +143,7 @@ impl Dispatcher {
             method::LIST => encode(self.list(&at, decode_or_default(params)?).await?),
             method::CLOSE => encode(self.close(&at, decode(params)?).await?),
             method::HINT => encode(self.hint(&at, decode(params)?).await?),
+            method::FORK => encode(self.fork(&at, decode(params)?).await?),
             method::COMPLETE => {
                 let params: wire::CompleteParams = decode(params)?;
                 let session = self.session(&at, &params.session_id).await?;
@@ -190,6 +193,10 @@ impl Dispatcher {
                 self.drain(&at).await?;
                 encode(serde_json::json!({}))
             }
+            method if files::is_files_method(method) => {
+                let session = self.session(&at, &files::session_key(&params)?).await?;
+                files::call(&session, method, params).await
+            }
             task::RUN | task::CANCEL => {
                 at.unpinned()?;
                 task::call(&self.engine, at.owner(), method, params, out).await
@@ -206,6 +213,16 @@ impl Dispatcher {
             owner: caller.scope(None)?,
         };
         Ok(self.session(&at, key).await?.id().to_owned())
+    }
+
+    /// The files of the session `key` names for `caller` (an HTTP file route); another
+    /// owner's session is unknown, like a missing one.
+    pub async fn files(&self, caller: &Caller, key: &str) -> Result<SessionFiles, RpcError> {
+        let at = Scope {
+            caller,
+            owner: caller.scope(None)?,
+        };
+        Ok(self.session(&at, key).await?.files())
     }
 
     /// The session `key` names (an id or a name) within the caller's scope, from the handles

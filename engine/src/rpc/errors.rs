@@ -8,6 +8,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::errors::EngineError;
+use crate::files::FileError;
 
 /// The error codes of docs/protocol.md.
 pub mod code {
@@ -96,7 +97,10 @@ impl From<&EngineError> for RpcError {
             EngineError::Memory(_) => code::INVALID_PARAMS,
             EngineError::MemoryDisabled => code::ENGINE_ERROR,
             // `llm: true` asks for what this engine cannot give.
-            EngineError::NoLlm | EngineError::Task(_) => code::INVALID_PARAMS,
+            EngineError::NoLlm | EngineError::Task(_) | EngineError::InvalidFork(_) => {
+                code::INVALID_PARAMS
+            }
+            EngineError::Files(err) => files_code(err),
         };
         RpcError::new(code, err.to_string())
     }
@@ -143,9 +147,9 @@ fn session_code(err: &SessionError) -> i64 {
     match err {
         SessionError::Busy { .. } | SessionError::QueueFull { .. } => code::SESSION_BUSY,
         SessionError::Closed { .. } => code::UNKNOWN_SESSION,
-        SessionError::NoPendingInput { .. } | SessionError::CursorOutOfRange { .. } => {
-            code::INVALID_PARAMS
-        }
+        SessionError::NoPendingInput { .. }
+        | SessionError::CursorOutOfRange { .. }
+        | SessionError::NoWorkDir { .. } => code::INVALID_PARAMS,
         SessionError::TooLarge { .. } => code::LIMIT_EXCEEDED,
         SessionError::ShuttingDown { .. } => code::SHUTTING_DOWN,
         SessionError::CheckpointsOff { .. } => code::CHECKPOINT_NOT_FOUND,
@@ -164,6 +168,16 @@ fn session_code(err: &SessionError) -> i64 {
     }
 }
 
+fn files_code(err: &FileError) -> i64 {
+    match err {
+        FileError::BadPath { .. } | FileError::NotFound { .. } => code::INVALID_PARAMS,
+        FileError::TooLarge { .. } | FileError::DiskFull { .. } | FileError::TooMany { .. } => {
+            code::LIMIT_EXCEEDED
+        }
+        _ => code::ENGINE_ERROR,
+    }
+}
+
 fn supervisor_code(err: &SupervisorError) -> i64 {
     match err {
         SupervisorError::Pool(PoolError::Exhausted { .. }) => code::POOL_EXHAUSTED,
@@ -173,6 +187,7 @@ fn supervisor_code(err: &SupervisorError) -> i64 {
         SupervisorError::Pool(_) => code::ENGINE_ERROR,
         SupervisorError::UnknownSession { .. } => code::UNKNOWN_SESSION,
         SupervisorError::TooManySessions { .. } => code::LIMIT_EXCEEDED,
+        SupervisorError::CloneNameTaken { .. } => code::INVALID_PARAMS,
         _ => code::ENGINE_ERROR,
     }
 }

@@ -78,20 +78,38 @@ impl LimitPolicy {
                 .map_err(invalid)?;
             *limit = asked;
         }
+        if let Some(file_bytes) = params.file_bytes {
+            limits.file_bytes = self.positive("file_bytes", file_bytes)?;
+        }
+        if let Some(disk_mb) = params.disk_mb {
+            // 0 asks for no bound, like the kernel limits.
+            let asked = (disk_mb > 0).then_some(disk_mb);
+            self.ceilings
+                .of("disk_mb")
+                .check(asked.map(|mb| mb as f64))
+                .map_err(invalid)?;
+            limits.disk_mb = asked;
+        }
         if let Some(timeout_s) = params.timeout_s {
             limits.timeout = self.timeout("limits.timeout_s", timeout_s)?;
         }
         if let Some(output_bytes) = params.output_bytes {
-            if output_bytes == 0 {
-                return Err(invalid("output_bytes: must be at least 1".to_owned()));
-            }
-            self.ceilings
-                .of("output_bytes")
-                .check(Some(output_bytes as f64))
-                .map_err(invalid)?;
-            limits.output_bytes = output_bytes;
+            let output_bytes = self.positive("output_bytes", output_bytes as u64)?;
+            limits.output_bytes = usize::try_from(output_bytes).unwrap_or(usize::MAX);
         }
         Ok(limits)
+    }
+
+    /// `value` of `field`, which must be at least 1 and within its ceiling.
+    fn positive(&self, field: &'static str, value: u64) -> Result<u64, RpcError> {
+        if value == 0 {
+            return Err(invalid(format!("{field}: must be at least 1")));
+        }
+        self.ceilings
+            .of(field)
+            .check(Some(value as f64))
+            .map_err(invalid)?;
+        Ok(value)
     }
 
     /// The `timeout_s` of one execution (`field` names it in errors), within the ceiling.

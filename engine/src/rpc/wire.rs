@@ -145,6 +145,10 @@ pub struct LimitParams {
     pub timeout_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_bytes: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mb: Option<u64>,
 }
 
 /// `session.create` result.
@@ -215,6 +219,37 @@ impl ExecuteParams {
 #[serde(deny_unknown_fields)]
 pub struct SessionRef {
     pub session_id: String,
+}
+
+/// `session.fork` params: `count` clones (1 when absent; the number of `names` when they
+/// are given).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkParams {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub names: Option<Vec<String>>,
+}
+
+/// One clone of `session.fork`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkedSession {
+    pub session_id: String,
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `session.fork` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkResult {
+    pub sessions: Vec<ForkedSession>,
+    pub duration_ms: f64,
+    /// Threads of the source's code that were running at the fork; none runs in a clone.
+    #[serde(default)]
+    pub threads: u32,
 }
 
 /// `session.input` params: the answer to a pending `input()`; `null` raises `EOFError`.
@@ -345,6 +380,10 @@ pub struct LimitsInfo {
     pub result_repr_bytes: usize,
     pub input_timeout_s: f64,
     pub interrupt_grace_s: f64,
+    #[serde(default)]
+    pub file_bytes: u64,
+    #[serde(default)]
+    pub disk_mb: Option<u64>,
 }
 
 /// `sandbox` of `session.info`: the layers the worker applied to itself.
@@ -525,6 +564,7 @@ pub mod method {
     pub const CLOSE: &str = "session.close";
     pub const HINT: &str = "session.hint";
     pub const COMPLETE: &str = "session.complete";
+    pub const FORK: &str = "session.fork";
     pub const STATS: &str = "engine.stats";
     pub const HEALTH: &str = "engine.health";
     pub const CLUSTER_STATUS: &str = "cluster.status";

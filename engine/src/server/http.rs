@@ -6,8 +6,9 @@
 //! [`HttpServer::start`] runs actix-web on an actix System on a thread of its own, so the
 //! rest of the daemon may use any runtime. actix-server's own signal handling is off: the
 //! daemon decides when to stop and calls [`HttpServer::stop`]. The REST handlers live in
-//! `routes`, the WebSocket connection in `ws`.
+//! `routes`, the WebSocket connection in `ws`, the file routes in `files`.
 
+mod files;
 mod guard;
 mod memory;
 mod routes;
@@ -288,6 +289,12 @@ impl From<RpcError> for ApiError {
     fn from(error: RpcError) -> Self {
         let status = http_status(error.code);
         Self { error, status }
+    }
+}
+
+impl From<crate::EngineError> for ApiError {
+    fn from(error: crate::EngineError) -> Self {
+        RpcError::from(error).into()
     }
 }
 

@@ -251,6 +251,12 @@ def answer(message, request_id):
     return message.result
 
 
+def fork_facts(forked):
+    """What every clone of one ``session.fork`` shares: its duration and the threads that
+    did not survive it."""
+    return {"duration_ms": forked["duration_ms"], "threads": forked.get("threads", 0)}
+
+
 class SessionBase:
     """What the sync and async sessions share: the client, the id, and the params."""
 

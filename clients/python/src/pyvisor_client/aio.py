@@ -10,7 +10,7 @@ connection at a time.
 import asyncio
 import inspect
 
-from . import _wire
+from . import _files, _wire
 from .errors import ConnectError, ConnectionClosed, ProtocolError, UnknownSession
 from .results import ExecutionResult
 
@@ -63,6 +63,19 @@ class AsyncSession(_wire.SessionBase):
 
     async def close(self, checkpoint=False):
         await self._call("session.close", checkpoint=bool(checkpoint))
+
+    async def fork(self, count=None, names=None):
+        """As ``Session.fork``: a list of AsyncSession."""
+        forked = await self._call("session.fork", **_wire.drop_none(
+            count=count, names=list(names) if names is not None else None))
+        return [AsyncSession(self._client, clone["session_id"],
+                             dict(clone, **_wire.fork_facts(forked)))
+                for clone in forked["sessions"]]
+
+    @property
+    def files(self):
+        """The files of the session's work directory, as coroutines (see ``Session.files``)."""
+        return _files.AsyncFiles(self)
 
     async def _call(self, method, **params):
         return await self._client.call(method, self._params(**params))

@@ -15,7 +15,7 @@ import socket
 import threading
 from contextlib import contextmanager
 
-from . import _wire
+from . import _files, _wire
 from .errors import ConnectError, ConnectionClosed, ProtocolError, UnknownSession
 from .results import ExecutionResult
 
@@ -90,6 +90,22 @@ class Session(_wire.SessionBase):
         """Ends the session; with `checkpoint`, a last checkpoint keeps it on disk."""
         self._call("session.close", checkpoint=bool(checkpoint))
 
+    def fork(self, count=None, names=None):
+        """Clones of the session (``session.fork``): `count` of them (1 to 16; the number of
+        `names` when given, else 1), each starting from the namespace as it is between
+        executions, then independent. A list of Session; the answer is each one's
+        ``created`` (``pid``, ``name``, and the fork's ``duration_ms`` and ``threads``)."""
+        forked = self._call("session.fork", **_wire.drop_none(
+            count=count, names=list(names) if names is not None else None))
+        return [Session(self._client, clone["session_id"], dict(clone, **_wire.fork_facts(forked)))
+                for clone in forked["sessions"]]
+
+    @property
+    def files(self):
+        """The files of the session's work directory: ``write``, ``read``, ``list``,
+        ``remove``."""
+        return _files.Files(self)
+
     def _call(self, method, **params):
         return self._client.call(method, self._params(**params))
 
@@ -117,6 +133,12 @@ class _Sessions:
 
     def stats(self):
         return self.call("engine.stats")
+
+    def _write_file(self, session_id, path, data, append):
+        return _files.write_over_rpc(self.call, session_id, path, data, append)
+
+    def _read_file(self, session_id, path, offset, length):
+        return _files.read_over_rpc(self.call, session_id, path, offset, length)
 
     def health(self):
         return self.call("engine.health")

@@ -3,7 +3,8 @@
 Each JSON-RPC method maps to its REST route (docs/protocol.md), so the Session of
 ``client.py`` works over HTTP unchanged, but for streaming: plain HTTP cannot stream, so a
 ``run`` with callbacks is refused (use the socket client), and ``input()`` in code run over
-HTTP raises EOFError. Errors come as ``{"error": {"code", "message"}}`` bodies and become
+HTTP raises EOFError. ``session.files`` writes with one streamed ``PUT`` and reads with one
+``GET`` (an append has no route: use the socket client). Errors come as ``{"error": {"code", "message"}}`` bodies and become
 the same typed exceptions as on the socket.
 """
 
@@ -24,6 +25,7 @@ _POST_ON_SESSION = {
     "session.checkpoint": "checkpoint",
     "session.restore": "restore",
     "session.hint": "hint",
+    "session.fork": "fork",
 }
 
 
@@ -56,6 +58,11 @@ class HttpClient(_Sessions):
         if method == "session.close":
             query = "?checkpoint=true" if params.get("checkpoint") else ""
             return self._request("DELETE", _session_path(session) + query)
+        if method == "session.files.list":
+            query = _query({"dir": params["path"]}) if params.get("path") else ""
+            return self._request("GET", _session_path(session, "files") + query)
+        if method == "session.files.remove":
+            return self._request("DELETE", _file_path(session, params["path"]))
         if method == "engine.stats":
             return self._request("GET", "/v1/stats")
         if method == "engine.health":
@@ -63,14 +70,26 @@ class HttpClient(_Sessions):
         raise PyvisorError("%s has no HTTP route in this client; use the socket client"
                            % method)
 
+    def _write_file(self, session_id, path, data, append):
+        if append:
+            raise PyvisorError("an append has no HTTP route; use the socket client")
+        return self._request("PUT", _file_path(session_id, path), raw=data)["size"]
+
+    def _read_file(self, session_id, path, offset, length):
+        data = self._request("GET", _file_path(session_id, path), decode=False)
+        return data[offset:] if length is None else data[offset:offset + length]
+
     def _stream_execute(self, params, callbacks):
         raise PyvisorError("plain HTTP cannot stream output or answer input(); "
                            "run with callbacks through the socket client")
 
-    def _request(self, verb, path, body=None):
-        data = None if body is None else json.dumps(body).encode("utf-8")
+    def _request(self, verb, path, body=None, raw=None, decode=True):
+        data = raw if raw is not None else (
+            None if body is None else json.dumps(body).encode("utf-8"))
         request = urllib.request.Request(self.base_url + path, data=data, method=verb)
-        if data is not None:
+        if raw is not None:
+            request.add_header("Content-Type", "application/octet-stream")
+        elif data is not None:
             request.add_header("Content-Type", "application/json")
         if self._token:
             request.add_header("Authorization", "Bearer " + self._token)
@@ -82,6 +101,8 @@ class HttpClient(_Sessions):
         except urllib.error.URLError as err:
             raise ConnectError("no pyvisor daemon at %s: %s" % (self.base_url, err.reason)) \
                 from None
+        if not decode:
+            return text
         try:
             return json.loads(text) if text else {}
         except ValueError:
@@ -92,6 +113,10 @@ class HttpClient(_Sessions):
 def _session_path(session, action=None):
     path = "/v1/sessions/" + urllib.parse.quote(str(session), safe="")
     return path + "/" + action if action else path
+
+
+def _file_path(session, path):
+    return _session_path(session, "files/" + urllib.parse.quote(path, safe="/"))
 
 
 def _query(params):

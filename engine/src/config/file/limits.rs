@@ -28,6 +28,10 @@ pub struct LimitSettings {
     pub processes: u64,
     /// Bytes of stdout+stderr kept per execution.
     pub output_bytes: usize,
+    /// Largest file the files API writes into a session's work directory.
+    pub file_bytes: u64,
+    /// Most MiB of files a session's work directory may hold after a files API write; 0: none.
+    pub disk_mb: u64,
     /// Longest repr of a final expression returned.
     pub result_repr_bytes: usize,
     /// How long `input()` waits for an answer, in seconds.
@@ -52,6 +56,8 @@ impl Default for LimitSettings {
             open_files: limits.open_files.unwrap_or(0),
             processes: limits.processes.unwrap_or(0),
             output_bytes: limits.output_bytes,
+            file_bytes: limits.file_bytes,
+            disk_mb: limits.disk_mb.unwrap_or(0),
             result_repr_bytes: limits.result_repr_bytes,
             input_timeout_s: limits.input_timeout.as_secs_f64(),
             interrupt_grace_s: limits.interrupt_grace.as_secs_f64(),
@@ -74,6 +80,8 @@ pub struct LimitCeilings {
     pub timeout_s: f64,
     /// Output is held in the daemon's memory until the reply is written: this bounds it.
     pub output_bytes: usize,
+    pub file_bytes: u64,
+    pub disk_mb: u64,
 }
 
 impl Default for LimitCeilings {
@@ -86,6 +94,8 @@ impl Default for LimitCeilings {
             processes: 4_096,
             timeout_s: 86_400.0,
             output_bytes: 64 * 1024 * 1024,
+            file_bytes: 1024 * 1024 * 1024,
+            disk_mb: 16 * 1024,
         }
     }
 }
@@ -128,6 +138,8 @@ impl LimitCeilings {
             "processes" => self.processes as f64,
             "timeout_s" => self.timeout_s,
             "output_bytes" => self.output_bytes as f64,
+            "file_bytes" => self.file_bytes as f64,
+            "disk_mb" => self.disk_mb as f64,
             _ => unreachable!("{field} is not a key of [limits.max]"),
         };
         Bounded {
@@ -146,6 +158,7 @@ impl LimitSettings {
         seconds("limits.idle_timeout_s", self.idle_timeout_s, true)?;
         seconds("limits.max.timeout_s", self.max.timeout_s, true)?;
         at_least("limits.output_bytes", self.output_bytes, 1)?;
+        at_least("limits.file_bytes", self.file_bytes as usize, 1)?;
         let none_if_zero = |n: u64| (n > 0).then_some(n as f64);
         let defaults = [
             ("memory_mb", none_if_zero(self.memory_mb)),
@@ -154,6 +167,8 @@ impl LimitSettings {
             ("processes", none_if_zero(self.processes)),
             ("timeout_s", Some(self.timeout_s)),
             ("output_bytes", Some(self.output_bytes as f64)),
+            ("file_bytes", Some(self.file_bytes as f64)),
+            ("disk_mb", none_if_zero(self.disk_mb)),
         ];
         for (field, value) in defaults {
             self.max

@@ -282,6 +282,60 @@ impl Dispatcher {
         Ok(wire::Empty {})
     }
 
+    pub(super) async fn fork(
+        &self,
+        at: &Scope<'_>,
+        params: wire::ForkParams,
+    ) -> Result<wire::ForkResult, RpcError> {
+        let names = params.names.unwrap_or_default();
+        for name in &names {
+            check_name(name)?;
+        }
+        let count = match (params.count, names.len()) {
+            (Some(count), _) => count,
+            (None, 0) => 1,
+            (None, named) => named,
+        };
+        let session = self.session(at, &params.session_id).await?;
+        let forked = session.fork(count, names).await?;
+        // With [cluster], each clone enters the directory like a new session; when one is
+        // refused (the owner's quota, a drain), none of them stays.
+        for (index, clone) in forked.sessions.iter().enumerate() {
+            if let Err(err) = self.register(clone, None).await {
+                for (other, done) in forked
+                    .sessions
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != index)
+                {
+                    if other < index {
+                        let _ = self.unregister(done.id()).await;
+                    }
+                    let _ = done.clone().close().await;
+                }
+                return Err(err);
+            }
+        }
+        let sessions = forked
+            .sessions
+            .into_iter()
+            .map(|clone| {
+                let entry = wire::ForkedSession {
+                    session_id: clone.id().to_owned(),
+                    pid: clone.pid(),
+                    name: clone.name().map(str::to_owned),
+                };
+                self.sessions.remember(&at.owner, &entry.session_id, clone);
+                entry
+            })
+            .collect();
+        Ok(wire::ForkResult {
+            sessions,
+            duration_ms: forked.duration.as_secs_f64() * 1000.0,
+            threads: forked.threads,
+        })
+    }
+
     pub(super) async fn stats(&self) -> Result<wire::Stats, RpcError> {
         let stats = self.engine.stats().await?;
         Ok(wire::Stats {

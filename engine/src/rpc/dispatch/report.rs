@@ -44,6 +44,8 @@ pub(super) async fn session_info(session: &Session) -> Result<wire::SessionInfo,
         result_repr_bytes: limits.result_repr_bytes,
         input_timeout_s: limits.input_timeout.as_secs_f64(),
         interrupt_grace_s: limits.interrupt_grace.as_secs_f64(),
+        file_bytes: limits.file_bytes,
+        disk_mb: limits.disk_mb,
     };
     Ok(wire::SessionInfo {
         session_id: snapshot.session_id,

@@ -2,7 +2,8 @@
 //! name or address nor in `allowed_hosts` gets 421 (DNS rebinding); an `Origin` not in
 //! `allowed_origins` gets 403 (a web page the user visits); a missing or wrong bearer token
 //! gets 401; a POST or PUT body that is not `application/json` gets 415 (the `text/plain`
-//! form post a page may send without asking). What passes carries its [`Caller`]: the
+//! form post a page may send without asking), except the raw bytes of a file upload: a PUT
+//! of `application/octet-stream` (which no page sends without a CORS preflight). What passes carries its [`Caller`]: the
 //! admin token's, or the owner a token is bound to.
 
 use std::future::{ready, Ready};
@@ -117,7 +118,8 @@ pub(super) async fn guard(
         caller = caller.forwarded_by_node();
     }
     let sends_body = matches!(*req.method(), Method::POST | Method::PUT);
-    if sends_body && !json_or_empty(headers) {
+    let raw_upload = *req.method() == Method::PUT && declared(headers, "application/octet-stream");
+    if sends_body && !json_or_empty(headers) && !raw_upload {
         let response = ApiError::with_status(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RpcError::invalid_request("the body must be sent as Content-Type: application/json"),
@@ -227,13 +229,19 @@ fn origin_allowed(header: Option<&HeaderValue>, allowed: &[String]) -> bool {
     }
 }
 
+/// Whether the body is declared as `mime`.
+fn declared(headers: &HeaderMap, mime: &str) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|given| given.trim().eq_ignore_ascii_case(mime))
+}
+
 /// Whether the body is declared JSON, or there is none and no type is declared.
 fn json_or_empty(headers: &HeaderMap) -> bool {
     match headers.get(CONTENT_TYPE).map(HeaderValue::to_str) {
-        Some(Ok(value)) => value
-            .split(';')
-            .next()
-            .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json")),
+        Some(Ok(_)) => declared(headers, "application/json"),
         Some(Err(_)) => false,
         None => {
             let chunked = headers.contains_key(TRANSFER_ENCODING);

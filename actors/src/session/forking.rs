@@ -1,0 +1,137 @@
+//! Forking a session's worker (`session.fork`): [`ForkWorkers`] has the worker fork `count`
+//! clones of itself between executions (the fork frame waits in the worker behind a running
+//! execution, and executions queued here go after it), then adopts each clone as a worker of
+//! the session's kind, on this session's arbiter. The registry makes sessions of them.
+
+use std::collections::HashMap;
+
+use actix::prelude::*;
+use pyvisor_protocol::{ForkedClone, HostMessage};
+use tokio::sync::oneshot;
+
+use super::{SessionActor, State};
+use crate::errors::SessionError;
+use crate::limits::SessionLimits;
+use crate::worker::{Worker, WorkerSpec};
+
+/// Fork the session's worker `count` times.
+#[derive(Message)]
+#[rtype(result = "Result<ForkedWorkers, SessionError>")]
+pub struct ForkWorkers {
+    pub count: u32,
+    /// The pool's kind of worker: what the clones are, for a session without a spec of its own.
+    pub base: Box<WorkerSpec>,
+}
+
+/// The clones of a [`ForkWorkers`], ready, and what a session of each needs.
+pub struct ForkedWorkers {
+    pub workers: Vec<Worker>,
+    /// Why there are fewer workers than asked for.
+    pub failures: Vec<String>,
+    /// The source's own worker kind, which replaces a clone's worker after a crash.
+    pub spec: Option<Box<WorkerSpec>>,
+    pub limits: SessionLimits,
+    /// Threads of the session's code that were running at the fork.
+    pub threads: u32,
+    /// The arbiter the clones' pipes are served on.
+    pub arbiter: ArbiterHandle,
+}
+
+/// What the worker answered to a fork.
+pub(super) struct ForkReport {
+    pub clones: Vec<ForkedClone>,
+    pub threads: u32,
+    pub error: Option<String>,
+}
+
+/// Forks the worker has not answered yet.
+#[derive(Default)]
+pub(super) struct Forks {
+    pending: HashMap<String, oneshot::Sender<ForkReport>>,
+    next: u64,
+}
+
+impl Forks {
+    /// The worker is gone: its forks fail.
+    pub(super) fn forget(&mut self) {
+        self.pending.clear();
+    }
+}
+
+impl SessionActor {
+    /// The worker answered fork `id`.
+    pub(super) fn forked(&mut self, id: &str, report: ForkReport) {
+        match self.forks.pending.remove(id) {
+            Some(reply) => drop(reply.send(report)),
+            // Nobody waits for them: the clones wait for a start that never comes, and end
+            // at the end of file of their pipes.
+            None => tracing::warn!(session = %self.session_id, id, "clones of an unknown fork"),
+        }
+    }
+}
+
+impl Handler<ForkWorkers> for SessionActor {
+    type Result = ResponseFuture<Result<ForkedWorkers, SessionError>>;
+
+    fn handle(&mut self, msg: ForkWorkers, _: &mut Context<Self>) -> Self::Result {
+        let refused = |err| -> Self::Result { Box::pin(async move { Err(err) }) };
+        if let State::Closing | State::Closed = self.state {
+            return refused(SessionError::Closed {
+                session_id: self.session_id.clone(),
+            });
+        }
+        let ready = matches!(self.state, State::Idle | State::Busy(_));
+        let Some(worker) = self.worker.as_ref().filter(|_| ready) else {
+            return refused(self.no_worker());
+        };
+        if !worker.info.supports("fork") {
+            return refused(SessionError::WorkerState {
+                session_id: self.session_id.clone(),
+                reason: "its worker package cannot fork".into(),
+            });
+        }
+        self.forks.next += 1;
+        let id = format!("f-{}", self.forks.next);
+        let frame = HostMessage::Fork {
+            id: id.clone(),
+            count: msg.count,
+        };
+        if worker.writer.send(&frame).is_err() {
+            return refused(self.no_worker());
+        }
+        let (reply, answer) = oneshot::channel();
+        self.forks.pending.insert(id, reply);
+        let source_pid = worker.pid();
+        let confinement = worker.shared_confinement();
+        let spec = self.setup.spec.clone();
+        let limits = self.setup.limits.clone();
+        let session_id = self.session_id.clone();
+        Box::pin(async move {
+            let report = answer.await.map_err(|_| SessionError::NoWorker {
+                session_id,
+                reason: "its worker ended before it forked".into(),
+            })?;
+            let kind = spec.as_deref().unwrap_or(&msg.base);
+            let adoptions = report
+                .clones
+                .iter()
+                .map(|clone| Worker::adopt_clone(kind, source_pid, clone, confinement.clone()));
+            let mut workers = Vec::new();
+            let mut failures: Vec<String> = report.error.into_iter().collect();
+            for adopted in futures::future::join_all(adoptions).await {
+                match adopted {
+                    Ok(worker) => workers.push(worker),
+                    Err(err) => failures.push(err.to_string()),
+                }
+            }
+            Ok(ForkedWorkers {
+                workers,
+                failures,
+                spec,
+                limits,
+                threads: report.threads,
+                arbiter: Arbiter::current(),
+            })
+        })
+    }
+}

@@ -1,0 +1,121 @@
+//! Adopting a clone of a session's worker (`session.fork`): the worker forked a child that
+//! waits, running nothing, for the start frame on pipes of its own (see the worker's
+//! `cloning`). The host checks that the pid it was told of is that worker's child in a
+//! process group of its own (the message came from a process that session code controls),
+//! opens the host's ends of the child's pipes through `/proc/<pid>/fd` (refusing anything
+//! that is not a pipe), gives it a cgroup leaf of its own and registers its group with the
+//! janitor, and only then starts it; the clone then says hello like any new worker.
+//!
+//! A clone keeps the uid of its source (taking another would need a capability that session
+//! code could use too), and so shares the source's [`Confinement`]: its uid lease and its
+//! directories last until the last worker of the family has ended.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::sync::Arc;
+
+use pyvisor_protocol::{ForkedClone, HostMessage};
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+
+use super::exit::ExitSource;
+use super::pump::PumpPipes;
+use super::sandbox::Confinement;
+use super::spawn::{contain, create_leaf, handshake, kill_group, HostEnds, Spawned};
+use super::{Worker, WorkerOrigin, WorkerSpec};
+use crate::errors::SpawnError;
+
+impl Worker {
+    /// Adopts `clone`, forked by the worker `source_pid`, as a worker of `spec`'s kind
+    /// sharing `confinement`; it has said hello when this returns. A clone that cannot be
+    /// adopted is killed, once it is known to be the source's.
+    pub async fn adopt_clone(
+        spec: &WorkerSpec,
+        source_pid: u32,
+        clone: &ForkedClone,
+        confinement: Option<Arc<Confinement>>,
+    ) -> Result<Worker, SpawnError> {
+        let pid = clone.pid;
+        let failed = |reason: String| SpawnError::Handshake {
+            reason: format!("adopt the clone {pid} of worker {source_pid}: {reason}"),
+        };
+        // The pidfd first: from here on `pid` names this process, even if it dies.
+        let (no_report, report) = oneshot::channel();
+        drop(no_report);
+        let exit = ExitSource::forked(pid, report).map_err(|err| failed(err.to_string()))?;
+        check_lineage(pid, source_pid).map_err(failed)?;
+        let adopted = async {
+            let host = host_ends(pid, clone).map_err(failed)?;
+            let leaf = create_leaf(spec)?;
+            contain(spec, pid, leaf.as_ref())?;
+            let (writer, events) = host.start(exit, spec.max_frame);
+            writer
+                .send(&HostMessage::Start)
+                .map_err(|err| failed(format!("send the start frame: {err}")))?;
+            let started = Spawned {
+                pid,
+                writer,
+                events,
+                leaf,
+                confinement,
+            };
+            handshake(spec, started, WorkerOrigin::Cloned).await
+        };
+        let adopted = adopted.await;
+        if adopted.is_err() {
+            kill_group(pid);
+        }
+        adopted
+    }
+}
+
+/// Checks that `pid` is a child of `source_pid` that leads a process group of its own.
+fn check_lineage(pid: u32, source_pid: u32) -> Result<(), String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|err| format!("read its /proc stat: {err}"))?;
+    // The command name is in parentheses and may hold anything: fields follow the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest.split(' ').collect())
+        .unwrap_or_default();
+    let number = |index: usize| fields.get(index).and_then(|f| f.parse::<u32>().ok());
+    match (number(1), number(2)) {
+        (Some(ppid), Some(pgrp)) if ppid == source_pid && pgrp == pid => Ok(()),
+        (ppid, pgrp) => Err(format!(
+            "it is not a child of the worker in a group of its own (parent {ppid:?}, group {pgrp:?})"
+        )),
+    }
+}
+
+/// Opens the host's ends of the clone's pipes from its descriptor table.
+fn host_ends(pid: u32, clone: &ForkedClone) -> Result<HostEnds, String> {
+    let open = |fd: i32, write: bool| -> Result<OwnedFd, String> {
+        let path = format!("/proc/{pid}/fd/{fd}");
+        let file = File::options()
+            .read(!write)
+            .write(write)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|err| format!("open {path}: {err}"))?;
+        let kind = file
+            .metadata()
+            .map_err(|err| format!("stat {path}: {err}"))?;
+        if !kind.file_type().is_fifo() {
+            return Err(format!("{path} is not a pipe"));
+        }
+        Ok(OwnedFd::from(file))
+    };
+    let receiver = |fd| {
+        pipe::Receiver::from_owned_fd(open(fd, false)?).map_err(|err| format!("fd {fd}: {err}"))
+    };
+    Ok(HostEnds {
+        pipes: PumpPipes {
+            frames: receiver(clone.replies)?,
+            stdout: receiver(clone.stdout)?,
+            stderr: receiver(clone.stderr)?,
+        },
+        requests: pipe::Sender::from_owned_fd(open(clone.requests, true)?)
+            .map_err(|err| format!("fd {}: {err}", clone.requests))?,
+    })
+}

@@ -1,0 +1,223 @@
+//! `Session::fork` (docs/protocol.md `session.fork`) on real workers: clones start from the
+//! source's namespace and diverge, the source never sees a clone's change, a fork waits for a
+//! running execution, a killed clone comes back from its own checkpoints, threads are said to
+//! be gone, and the count and quota limits hold.
+
+use std::time::{Duration, Instant};
+
+use pyvisor::{
+    EngineConfig, EngineError, ExecuteRequest, ExecutionStatus, Quotas, Session, SessionOptions,
+    SupervisorError,
+};
+use pyvisor_tests::{confined, engine_with, manual_checkpoints, run, within};
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        state: manual_checkpoints(),
+        ..EngineConfig::default()
+    }
+}
+
+/// The repr of `code`'s final expression in `session`.
+async fn value(session: &Session, code: &str) -> String {
+    let result = run(session, code).await;
+    assert_eq!(
+        result.status,
+        ExecutionStatus::Ok,
+        "{code}: {:?}",
+        result.error
+    );
+    result.result.expect("a value").repr
+}
+
+#[tokio::test]
+async fn clones_start_from_the_source_and_diverge() {
+    let engine = engine_with(config()).await;
+    let source = engine
+        .create_session(SessionOptions::default())
+        .await
+        .unwrap();
+    value(&source, "data = list(range(5))\nimport os\nos.getpid()").await;
+    let forked = within(source.fork(2, vec![])).await.unwrap();
+    assert_eq!(forked.sessions.len(), 2);
+    assert_eq!(forked.threads, 0);
+    let (a, b) = (&forked.sessions[0], &forked.sessions[1]);
+    assert_ne!(a.id(), source.id());
+    assert_ne!(a.id(), b.id());
+    assert_eq!(value(a, "data").await, "[0, 1, 2, 3, 4]");
+    value(a, "data.append('a')\n1").await;
+    value(b, "data.append('b')\n1").await;
+    assert_eq!(value(a, "data").await, "[0, 1, 2, 3, 4, 'a']");
+    assert_eq!(value(b, "data").await, "[0, 1, 2, 3, 4, 'b']");
+    assert_eq!(value(&source, "data").await, "[0, 1, 2, 3, 4]");
+    // Processes and groups of their own.
+    let pids: Vec<String> = futures::future::join_all(
+        [&source, a, b].map(|s| value(s, "(os.getpid(), os.getpgid(0) == os.getpid())")),
+    )
+    .await;
+    assert!(pids.iter().all(|p| p.ends_with("True)")), "{pids:?}");
+    assert_eq!(
+        pids.iter().collect::<std::collections::HashSet<_>>().len(),
+        3
+    );
+}
+
+#[tokio::test]
+async fn a_fork_waits_for_the_running_execution_and_says_threads_are_gone() {
+    let engine = engine_with(config()).await;
+    let source = engine
+        .create_session(SessionOptions::default())
+        .await
+        .unwrap();
+    value(
+        &source,
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n1",
+    )
+    .await;
+    let running = source
+        .execute(ExecuteRequest::new("time.sleep(0.3)\nstate = 'after'"))
+        .await
+        .unwrap();
+    let forked = within(source.fork(1, vec!["busy-clone".into()]))
+        .await
+        .unwrap();
+    assert_eq!(running.result().await.unwrap().status, ExecutionStatus::Ok);
+    let clone = &forked.sessions[0];
+    assert_eq!(clone.name(), Some("busy-clone"));
+    assert_eq!(forked.threads, 1);
+    let first = run(clone, "state").await;
+    assert_eq!(
+        first.result.unwrap().repr,
+        "'after'",
+        "the fork came after the execution"
+    );
+    assert!(first.stderr.contains("1 thread(s)"), "{:?}", first.stderr);
+    let second = run(clone, "threading.active_count()").await;
+    assert_eq!(
+        second.result.unwrap().repr,
+        "1",
+        "no thread of the source runs here"
+    );
+    assert!(second.stderr.is_empty(), "{:?}", second.stderr);
+}
+
+#[tokio::test]
+async fn a_killed_clone_comes_back_from_its_own_checkpoints() {
+    let engine = engine_with(config()).await;
+    let source = engine
+        .create_session(SessionOptions::default())
+        .await
+        .unwrap();
+    value(&source, "data = {'from': 'source'}\n1").await;
+    let clone = within(source.fork(1, vec![]))
+        .await
+        .unwrap()
+        .sessions
+        .remove(0);
+    // The clone's first checkpoint, taken at the fork in the background.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while clone.checkpoints().await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the clone never checkpointed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    value(&clone, "data['clone'] = True\nunsaved = 1\n1").await;
+    let killed = run(
+        &clone,
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+    )
+    .await;
+    assert_eq!(killed.status, ExecutionStatus::Crashed);
+    // Back from the fork's checkpoint: the namespace of the fork, not the source's later one.
+    value(&source, "data['source'] = 'later'\n1").await;
+    assert_eq!(value(&clone, "data").await, "{'from': 'source'}");
+    assert_eq!(value(&clone, "'unsaved' in globals()").await, "False");
+    assert!(
+        source.checkpoints().await.unwrap().is_empty(),
+        "the source has its own lineage"
+    );
+    assert_eq!(
+        value(&source, "data").await,
+        "{'from': 'source', 'source': 'later'}"
+    );
+}
+
+#[tokio::test]
+async fn fork_counts_names_and_quotas_are_enforced() {
+    let mut config = config();
+    config.quotas = Quotas {
+        max_sessions_per_owner: Some(3),
+        ..Quotas::default()
+    };
+    let engine = engine_with(config).await;
+    let options = SessionOptions {
+        name: Some("src".into()),
+        owner: Some("quota".into()),
+        ..SessionOptions::default()
+    };
+    let source = engine.create_session(options).await.unwrap();
+    for (count, names) in [(0, vec![]), (17, vec![]), (2, vec!["one".to_owned()])] {
+        let err = source.fork(count, names).await.unwrap_err();
+        assert!(matches!(err, EngineError::InvalidFork(_)), "{err}");
+    }
+    let err = source.fork(1, vec!["src".into()]).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Supervisor(SupervisorError::NameTaken { .. })
+        ),
+        "{err}"
+    );
+    let err = source.fork(3, vec![]).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Supervisor(SupervisorError::TooManySessions { .. })
+        ),
+        "{err}"
+    );
+    let forked = within(source.fork(2, vec![])).await.unwrap();
+    assert!(forked.sessions.iter().all(|s| s.owner() == Some("quota")));
+    let err = forked.sessions[0].fork(1, vec![]).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Supervisor(SupervisorError::TooManySessions { .. })
+        ),
+        "clones count against the quota: {err}"
+    );
+    forked.sessions[1].clone().close().await.unwrap();
+    let again = within(forked.sessions[0].fork(1, vec![])).await.unwrap();
+    assert_eq!(again.sessions.len(), 1, "a closed clone frees its place");
+}
+
+#[tokio::test]
+async fn a_sandboxed_clone_shares_the_uid_and_outlives_its_source() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "uid separation is tested as root, as CI runs"
+    );
+    let config = confined(62_760);
+    let engine = engine_with(config).await;
+    let source = engine
+        .create_session(SessionOptions::default())
+        .await
+        .unwrap();
+    let mine = "import os\n(os.getuid(), os.getcwd(), open('/proc/self/cgroup').read())";
+    let before = value(&source, mine).await;
+    let clone = within(source.fork(1, vec![]))
+        .await
+        .unwrap()
+        .sessions
+        .remove(0);
+    let cloned = value(&clone, mine).await;
+    let uid_and_dir = |repr: &str| repr.rsplit_once(", ").unwrap().0.to_owned();
+    assert_eq!(
+        uid_and_dir(&before),
+        uid_and_dir(&cloned),
+        "same uid and work directory"
+    );
+    assert_ne!(before, cloned, "a cgroup of its own");
+    source.close().await.unwrap();
+    value(&clone, "open('still-here', 'w').write('yes')").await;
+    assert_eq!(value(&clone, "open('still-here').read()").await, "'yes'");
+}
