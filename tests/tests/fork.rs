@@ -163,7 +163,7 @@ async fn fork_counts_names_and_quotas_are_enforced() {
     assert!(
         matches!(
             err,
-            EngineError::Supervisor(SupervisorError::NameTaken { .. })
+            EngineError::Supervisor(SupervisorError::CloneNameTaken { .. })
         ),
         "{err}"
     );
