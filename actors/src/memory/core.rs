@@ -53,6 +53,7 @@ impl Memory {
             knowledge.take_in(&outcome, embedder.as_ref());
         }
         knowledge.last_failed.clear();
+        knowledge.index.forget_sessions();
         let next_interruption = loaded.interruptions.last().map_or(1, |(id, _, _)| id + 1);
         let interruptions = loaded
             .interruptions
@@ -350,11 +351,9 @@ impl Memory {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(session_id);
-        self.knowledge
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .last_failed
-            .remove(session_id);
+        let mut knowledge = self.knowledge.write().unwrap_or_else(|e| e.into_inner());
+        knowledge.last_failed.remove(session_id);
+        knowledge.index.forget_session(session_id);
     }
 
     /// Waits until everything recorded so far is in the store (or lost, with a warning).
@@ -453,6 +452,8 @@ impl Knowledge {
                 .and_then(|meta| meta.approach.as_deref())
                 .map(Arc::from),
             fix: (!failure && followed_failure).then(|| capped(&outcome.code, MAX_FIX_CHARS)),
+            code: xxh3_64(outcome.code.as_bytes()),
+            repeats: 1,
         };
         let owner: Arc<str> = outcome.owner.as_str().into();
         self.index.insert(

@@ -162,10 +162,12 @@ pub(crate) fn detect(
             let mean = members.iter().map(|(_, s)| f64::from(*s)).sum::<f64>() / failures;
             // Code that worked counts against the pattern only when it is at least as like
             // the code at hand as the failures are: a fix often looks much like the mistake.
-            let against = successes
+            let against: u32 = successes
                 .iter()
                 .filter(|(_, similarity)| *similarity >= members[0].1)
-                .count() as f64;
+                .map(|(row, _)| shelf.successes.entries[*row].repeats)
+                .sum();
+            let against = f64::from(against);
             let support = failures / (failures + against + 0.25);
             // Similarity past the threshold adds a little: 0.9 at the threshold, 1 when equal.
             let threshold = f64::from(threshold);
@@ -238,4 +240,63 @@ fn what_worked(shelf: &Shelf, failures: &[&Entry]) -> Option<String> {
         .enumerate()
         .max_by(|(i, a), (j, b)| a.1.cmp(&b.1).then(j.cmp(i)))
         .map(|(_, (text, _))| text)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::memory::index::{quantize, Index};
+
+    fn outcome(id: i64, session: &str, pattern: Option<u32>) -> Entry {
+        Entry {
+            id,
+            session: session.into(),
+            size: 4,
+            reads: Box::new([]),
+            pattern,
+            message: None,
+            approach: None,
+            fix: None,
+            code: 7,
+            repeats: 1,
+        }
+    }
+
+    /// The confidence of the one finding for code like the failure, after `successes`
+    /// like successes, each from the session `session_of(i)` names.
+    fn confidence_after(successes: i64, session_of: impl Fn(i64) -> String) -> f64 {
+        let owner: Arc<str> = "alice".into();
+        let vector = quantize(&[0.6, 0.8, 0.0, 0.0]);
+        let mut patterns = Patterns::default();
+        let (pattern, _) = patterns.intern(&owner, "KeyError", "'<name>'", "subscript");
+        let mut index = Index::new(4);
+        index.insert(&owner, 1, true, &vector, 0, outcome(1, "f", Some(pattern)));
+        for id in 2..2 + successes {
+            let success = outcome(id, &session_of(id), None);
+            index.insert(&owner, id, false, &vector, 0, success);
+        }
+        let probe = Probe {
+            vector,
+            calls: 0,
+            size: 4,
+        };
+        let query = Query {
+            pieces: vec![probe.clone()],
+            whole: probe,
+        };
+        let findings = detect(index.shelf("alice").unwrap(), &patterns, &query, 0.8);
+        assert_eq!(findings.len(), 1);
+        findings[0].confidence
+    }
+
+    #[test]
+    fn folded_repeats_weigh_against_a_pattern_as_often_as_they_ran() {
+        let folded = confidence_after(5, |_| "s".into());
+        let apart = confidence_after(5, |id| format!("s{id}"));
+        let once = confidence_after(1, |_| "s".into());
+        assert!((folded - apart).abs() < 1e-9, "{folded} vs {apart}");
+        assert!(folded < once, "{folded} vs {once}");
+    }
 }

@@ -5,6 +5,12 @@
 //! Failures are scanned first and successes only when a failure matched, so owners whose code
 //! does not fail (the common case) pay almost nothing per check. Rows are kept in id order,
 //! which is also age order, so retention drops them from the front.
+//!
+//! A session that runs the same code again and again (a polling loop, a harness's `x += 1`)
+//! would fill the index with copies of one success. Such a repeat folds into the session's
+//! last success row, which counts it, as long as no failure of the owner came after that row:
+//! checks weigh a row by its count, so what they conclude is the same, and the index grows
+//! with what the owner did differently, not with how often.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -29,6 +35,24 @@ pub(crate) struct Entry {
     /// A success that followed a failure in its session: its code (capped), shown as what
     /// worked.
     pub fix: Option<Arc<str>>,
+    /// Hash of the code, which tells a repeat of the same code.
+    pub code: u64,
+    /// Outcomes this row stands for: 1, or more for a success its session repeated.
+    pub repeats: u32,
+}
+
+impl Entry {
+    /// Whether another success with this code in this session may fold into this row: it is
+    /// a plain success (no follow-up of a failure, no client metadata) of the same code.
+    fn takes_repeat_of(&self, other: &Entry) -> bool {
+        self.code == other.code
+            && self.session == other.session
+            && self.pattern.is_none()
+            && self.fix.is_none()
+            && self.approach.is_none()
+            && other.fix.is_none()
+            && other.approach.is_none()
+    }
 }
 
 /// Code compared with the rows: its quantised vector, call signature and size (tokens).
@@ -154,6 +178,8 @@ pub(crate) struct Index {
     shelves: HashMap<Arc<str>, Shelf>,
     /// (id, time in ms, owner, is a failure) of every row, oldest first.
     order: VecDeque<(i64, i64, Arc<str>, bool)>,
+    /// Each live session's last success row (owner, id): where its repeats fold.
+    last_success: HashMap<Arc<str>, (Arc<str>, i64)>,
 }
 
 impl Index {
@@ -162,11 +188,23 @@ impl Index {
             dims,
             shelves: HashMap::new(),
             order: VecDeque::new(),
+            last_success: HashMap::new(),
         }
     }
 
+    /// Rows held (what `max_outcomes` bounds); folded repeats do not add to it.
     pub fn len(&self) -> usize {
         self.order.len()
+    }
+
+    /// The session is over (or was loaded from the store): its repeats no longer fold.
+    pub fn forget_session(&mut self, session: &str) {
+        self.last_success.remove(session);
+    }
+
+    /// No session's repeats fold into what is indexed so far.
+    pub fn forget_sessions(&mut self) {
+        self.last_success.clear();
     }
 
     pub fn shelf(&self, owner: &str) -> Option<&Shelf> {
@@ -185,7 +223,8 @@ impl Index {
         self.shelves.get_mut(owner)
     }
 
-    /// Adds an outcome; ids must come in increasing order.
+    /// Adds an outcome, or folds a repeated success into its session's last success row;
+    /// ids must come in increasing order.
     pub fn insert(
         &mut self,
         owner: &Arc<str>,
@@ -196,6 +235,14 @@ impl Index {
         entry: Entry,
     ) {
         debug_assert_eq!(vector.len(), self.dims);
+        if failure {
+            self.last_success.remove(&entry.session);
+        } else if self.fold_repeat(owner, &entry) {
+            return;
+        } else {
+            self.last_success
+                .insert(entry.session.clone(), (owner.clone(), entry.id));
+        }
         self.order
             .push_back((entry.id, at_ms, owner.clone(), failure));
         let shelf = self.shelves.entry(owner.clone()).or_default();
@@ -205,6 +252,36 @@ impl Index {
             &mut shelf.successes
         };
         rows.push(vector, calls, entry);
+    }
+
+    /// Counts `entry` on its session's last success row when it repeats it and no failure
+    /// of the owner came since (what worked after a failure is looked for after it by id).
+    fn fold_repeat(&mut self, owner: &Arc<str>, entry: &Entry) -> bool {
+        let Some((last_owner, last_id)) = self.last_success.get(&entry.session) else {
+            return false;
+        };
+        if last_owner != owner {
+            return false;
+        }
+        let last_id = *last_id;
+        let Some(shelf) = self.shelves.get_mut(owner) else {
+            return false;
+        };
+        if shelf
+            .failures
+            .entries
+            .last()
+            .is_some_and(|failure| failure.id > last_id)
+        {
+            return false;
+        }
+        match shelf.successes.find_mut(last_id) {
+            Some(row) if row.takes_repeat_of(entry) => {
+                row.repeats = row.repeats.saturating_add(1);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Drops the oldest rows until at most `max` remain and none is older than `min_at_ms`.
@@ -237,15 +314,21 @@ impl Index {
         total
     }
 
-    /// Failures and successes per owner.
+    /// Failures and successes per owner (outcomes, folded repeats included).
     pub fn counts(&self, owner: Option<&str>) -> (usize, usize) {
+        let outcomes = |rows: &Rows| -> usize {
+            rows.entries
+                .iter()
+                .map(|entry| entry.repeats as usize)
+                .sum()
+        };
         self.shelves
             .iter()
             .filter(|(name, _)| owner.is_none_or(|owner| &***name == owner))
             .fold((0, 0), |(f, s), (_, shelf)| {
                 (
-                    f + shelf.failures.entries.len(),
-                    s + shelf.successes.entries.len(),
+                    f + outcomes(&shelf.failures),
+                    s + outcomes(&shelf.successes),
                 )
             })
     }
@@ -332,6 +415,8 @@ mod tests {
             message: None,
             approach: None,
             fix: None,
+            code: 0,
+            repeats: 1,
         }
     }
 
@@ -353,6 +438,54 @@ mod tests {
             })
             .count();
         assert!(far > 150, "{far} of 200 unrelated vectors pruned");
+    }
+
+    #[test]
+    fn a_session_repeating_a_success_folds_into_one_row_until_a_failure() {
+        let mut index = Index::new(4);
+        let owner: Arc<str> = "alice".into();
+        let v = quantize(&[1.0, 0.0, 0.0, 0.0]);
+        let success = |id: i64, session: &str, code: u64| Entry {
+            session: session.into(),
+            code,
+            ..entry(id)
+        };
+        for id in 1..=100 {
+            index.insert(&owner, id, false, &v, 0, success(id, "s", 7));
+        }
+        assert_eq!(index.len(), 1, "100 runs of the same code are one row");
+        assert_eq!(index.counts(Some("alice")), (0, 100));
+        assert_eq!(
+            index.shelf("alice").unwrap().successes.entries[0].repeats,
+            100
+        );
+
+        // Other code, or the same code in another session, is a row of its own.
+        index.insert(&owner, 101, false, &v, 0, success(101, "s", 8));
+        index.insert(&owner, 102, false, &v, 0, success(102, "t", 8));
+        assert_eq!(index.len(), 3);
+        // A repeat folds only into its session's last success, not an older one.
+        index.insert(&owner, 103, false, &v, 0, success(103, "s", 7));
+        assert_eq!(index.len(), 4);
+
+        // After a failure of the owner, the next success is a row: what worked after the
+        // failure is found after it by id.
+        index.insert(&owner, 104, true, &v, 0, success(104, "t", 9));
+        index.insert(&owner, 105, false, &v, 0, success(105, "s", 7));
+        assert_eq!(index.len(), 6);
+        index.insert(&owner, 106, false, &v, 0, success(106, "s", 7));
+        assert_eq!(index.len(), 6);
+
+        // A closed session's repeats, and a success that follows up a failure, never fold.
+        index.forget_session("s");
+        index.insert(&owner, 107, false, &v, 0, success(107, "s", 7));
+        let fix = Entry {
+            fix: Some("x = 1".into()),
+            ..success(108, "s", 7)
+        };
+        index.insert(&owner, 108, false, &v, 0, fix);
+        assert_eq!(index.len(), 8);
+        assert_eq!(index.counts(None), (1, 107));
     }
 
     #[test]
