@@ -31,6 +31,7 @@ use pyvisor_actors::supervisor::{
 use pyvisor_actors::worker::{
     install_worker_package, landlock_abi, probe_uid, resolve_interpreter, seccomp_available,
     CgroupManager, CgroupMechanism, Janitor, Sandbox, SandboxSetup, WorkerSpec, Zygote,
+    UID_CLAIMS_DIR,
 };
 use pyvisor_actors::ProcessLimits;
 use tokio::sync::oneshot;
@@ -488,6 +489,7 @@ fn start_sandbox(
     let wanted = &config.sandbox;
     let mut setup = SandboxSetup {
         uid_range: wanted.uid_range.clone(),
+        uid_claims: PathBuf::from(UID_CLAIMS_DIR),
         landlock: wanted.landlock,
         seccomp: wanted.seccomp,
         dirs: PathBuf::new(),

@@ -275,3 +275,39 @@ async fn a_crashed_worker_under_its_own_uid_comes_back_from_its_checkpoint() {
     let uid = value(&session, "import os; os.getuid()").await;
     assert_ne!(uid, "0");
 }
+
+#[tokio::test]
+async fn two_engines_on_one_machine_never_share_a_uid_or_kill_each_others_workers() {
+    if skip_unless_root() {
+        return;
+    }
+    // Two daemons given the same range (the default "auto" gives every daemon 61000-61999),
+    // with no warm workers: each engine's first worker takes the lowest uid it may.
+    let config = || {
+        let mut config = confined(61_200);
+        config.pool.min_idle = 0;
+        config
+    };
+    let (first, second) = (engine_with(config()).await, engine_with(config()).await);
+    let mine = session(&first, None).await;
+    let theirs = session(&second, None).await;
+    let uid_mine = value(&mine, "import os\nos.getuid()").await;
+    let before = value(&theirs, "import os\nkept = 41\nos.getuid(), os.getpid()").await;
+    assert!(
+        !before.starts_with(&format!("({uid_mine},")),
+        "one uid per live worker on the machine: {uid_mine} and {before}"
+    );
+    // Closing a session kills every process of its uid: never the other engine's worker.
+    mine.close().await.expect("close");
+    first
+        .shutdown(std::time::Duration::from_secs(5))
+        .await
+        .expect("shutdown");
+    let after = run(&theirs, "os.getuid(), os.getpid(), kept + 1").await;
+    assert_eq!(after.status, ExecutionStatus::Ok, "{:?}", after.error);
+    assert!(after.recovered.is_none(), "{:?}", after.recovered);
+    assert_eq!(
+        after.result.expect("a value").repr,
+        format!("{}, 42)", before.trim_end_matches(')'))
+    );
+}

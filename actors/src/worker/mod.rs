@@ -21,7 +21,9 @@ pub use exit::{is_running, left_by_dead_processes};
 pub use janitor::Janitor;
 pub use output::{CappedOutput, Utf8Chunker};
 pub use pump::WorkerEvent;
-pub use sandbox::{landlock_abi, probe_uid, seccomp_available, Confinement, Sandbox, SandboxSetup};
+pub use sandbox::{
+    landlock_abi, probe_uid, seccomp_available, Confinement, Sandbox, SandboxSetup, UID_CLAIMS_DIR,
+};
 pub use script::{
     install_worker_package, resolve_interpreter, verify_worker_package, WORKER_FILES,
 };

@@ -3,17 +3,21 @@
 //! the worker applies to itself (pyworker/pyvisor_worker/sandbox.py) before any session code
 //! runs.
 //!
-//! A uid is leased to one live worker at a time. When the worker ends, every process still
-//! running under its uid is killed (a short-lived helper becomes that uid and signals -1)
-//! before the uid goes back to the free set, so that no survivor of one session shares a uid
-//! with the next. The worker's directories (`work`, the default working directory, and `tmp`,
+//! A uid is leased to one live worker at a time, on the whole machine: every engine claims
+//! the uids it leases with a lock on a file of its own in [`UID_CLAIMS_DIR`], so two daemons
+//! (or two engines in one process) given the same range never give one uid to two sessions.
+//! The kernel drops a dead engine's claims; the next engine to claim such a uid kills what
+//! still runs under it first. When the worker ends, every process still running under its uid
+//! is killed (a short-lived helper becomes that uid and signals -1) before the uid goes back
+//! to the free set, so that no survivor of one session shares a uid with the next. The worker's directories (`work`, the default working directory, and `tmp`,
 //! its TMPDIR, HOME and MPLCONFIGDIR) are 0700 and owned by its uid, and are removed with it.
 
-use std::collections::BTreeSet;
-use std::fs::{self, DirBuilder};
-use std::io;
+use std::collections::{BTreeSet, HashMap};
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Write};
 use std::ops::RangeInclusive;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +25,9 @@ use std::sync::{Arc, Mutex};
 use pyvisor_protocol::SandboxPlan;
 
 use crate::errors::SpawnError;
+
+/// Where every engine on the machine claims the worker uids it leases (root's, 0700).
+pub const UID_CLAIMS_DIR: &str = "/run/pyvisor-uids";
 
 /// Rounds of `kill(-1, SIGKILL)` at most when a uid is swept: until none is left, with
 /// zombies (still signalable until reaped) bounding it.
@@ -48,6 +55,8 @@ pub struct Sandbox {
 pub struct SandboxSetup {
     /// Give every worker its own uid from this range (gid = uid); requires root.
     pub uid_range: Option<RangeInclusive<u32>>,
+    /// Where the uids are claimed machine-wide ([`UID_CLAIMS_DIR`] but in tests).
+    pub uid_claims: PathBuf,
     pub landlock: bool,
     pub seccomp: bool,
     /// Where the workers' private directories are made.
@@ -63,8 +72,12 @@ impl Sandbox {
             .recursive(true)
             .mode(0o711)
             .create(&setup.dirs)?;
+        let uids = match setup.uid_range {
+            Some(range) => Some(UidPool::new(range, setup.uid_claims)?),
+            None => None,
+        };
         Ok(Sandbox {
-            uids: setup.uid_range.map(UidPool::new),
+            uids,
             landlock: setup.landlock,
             seccomp: setup.seccomp,
             dirs: setup.dirs,
@@ -256,32 +269,106 @@ pub fn probe_uid(python: &Path, script: &Path, uid: u32) -> Result<(), String> {
     ))
 }
 
-/// The uids of a range not leased to a live worker.
+/// The uids of a range not leased to a live worker, and the claims on the ones that are.
 #[derive(Debug)]
 struct UidPool {
     range: RangeInclusive<u32>,
-    free: Mutex<BTreeSet<u32>>,
+    claims: PathBuf,
+    state: Mutex<UidLeases>,
+}
+
+#[derive(Debug, Default)]
+struct UidLeases {
+    /// Not leased by this engine (another may hold some: its claim says so).
+    free: BTreeSet<u32>,
+    /// The claim file of each uid leased, locked while it is held.
+    held: HashMap<u32, File>,
 }
 
 impl UidPool {
-    fn new(range: RangeInclusive<u32>) -> UidPool {
-        UidPool {
-            free: Mutex::new(range.clone().collect()),
+    /// The pool of `range`, claiming in `claims` (made 0700 if missing).
+    fn new(range: RangeInclusive<u32>, claims: PathBuf) -> io::Result<UidPool> {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&claims)
+            .map_err(|err| {
+                io::Error::new(err.kind(), format!("create {}: {err}", claims.display()))
+            })?;
+        Ok(UidPool {
+            state: Mutex::new(UidLeases {
+                free: range.clone().collect(),
+                held: HashMap::new(),
+            }),
             range,
-        }
+            claims,
+        })
     }
 
+    /// The lowest uid of the range no engine on the machine holds, claimed. A uid whose last
+    /// holder died without giving it back is swept before it is handed out.
     fn lease(&self) -> Result<u32, SpawnError> {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        free.pop_first().ok_or_else(|| SpawnError::UidsExhausted {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let candidates: Vec<u32> = state.free.iter().copied().collect();
+        for uid in candidates {
+            let Some(claim) = self.claim(uid)? else {
+                continue;
+            };
+            state.free.remove(&uid);
+            state.held.insert(uid, claim);
+            return Ok(uid);
+        }
+        Err(SpawnError::UidsExhausted {
             first: *self.range.start(),
             last: *self.range.end(),
         })
     }
 
+    /// Locks `uid`'s claim file; `None` when another engine holds it. The file holds the
+    /// holder's pid while it is held, and is emptied when the uid is given back, so a file
+    /// found not empty is a dead holder's: its survivors are killed first.
+    fn claim(&self, uid: u32) -> Result<Option<File>, SpawnError> {
+        let path = self.claims.join(uid.to_string());
+        let failed = |err: io::Error| SpawnError::Sandbox {
+            reason: format!("claim uid {uid} in {}: {err}", path.display()),
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(failed)?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::EWOULDBLOCK) => Ok(None),
+                _ => Err(failed(err)),
+            };
+        }
+        let mut previous = String::new();
+        file.read_to_string(&mut previous).map_err(failed)?;
+        if !previous.is_empty() {
+            kill_every_process_of(uid).map_err(failed)?;
+        }
+        file.set_len(0).map_err(failed)?;
+        file.write_all(std::process::id().to_string().as_bytes())
+            .map_err(failed)?;
+        Ok(Some(file))
+    }
+
+    /// Gives `uid` back, its processes swept: its claim is emptied and unlocked.
     fn release(&self, uid: u32) {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        free.insert(uid);
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(claim) = state.held.remove(&uid) {
+            if let Err(err) = claim.set_len(0) {
+                tracing::warn!(uid, error = %err, "cannot empty a uid claim; its next holder sweeps it");
+            }
+        }
+        state.free.insert(uid);
     }
 }
 
@@ -336,7 +423,8 @@ mod tests {
 
     #[test]
     fn a_uid_is_leased_once_and_the_range_runs_out_with_a_typed_error() {
-        let pool = UidPool::new(61_990..=61_991);
+        let claims = tempfile::tempdir().unwrap();
+        let pool = UidPool::new(61_990..=61_991, claims.path().into()).unwrap();
         let (a, b) = (pool.lease().unwrap(), pool.lease().unwrap());
         assert_ne!(a, b);
         let err = pool.lease().unwrap_err();
@@ -349,5 +437,24 @@ mod tests {
         ));
         pool.release(a);
         assert_eq!(pool.lease().unwrap(), a);
+    }
+
+    #[test]
+    fn two_engines_with_one_range_never_lease_the_same_uid() {
+        let claims = tempfile::tempdir().unwrap();
+        let first = UidPool::new(61_980..=61_982, claims.path().into()).unwrap();
+        let second = UidPool::new(61_980..=61_982, claims.path().into()).unwrap();
+        let (a, b) = (first.lease().unwrap(), second.lease().unwrap());
+        let c = first.lease().unwrap();
+        assert_eq!((a, b, c), (61_980, 61_981, 61_982));
+        assert!(matches!(
+            second.lease(),
+            Err(SpawnError::UidsExhausted { .. })
+        ));
+        // A uid given back is free for the other engine; a dead engine's claims go with it.
+        first.release(a);
+        assert_eq!(second.lease().unwrap(), a);
+        drop(first);
+        assert_eq!(second.lease().unwrap(), 61_982);
     }
 }
