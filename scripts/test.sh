@@ -7,6 +7,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each phase's wall time, on stderr, so a slow CI run says where its minutes went.
+phase_started=$SECONDS
+phase_done() {
+    echo "test.sh: $1 took $((SECONDS - phase_started)) s" >&2
+    phase_started=$SECONDS
+}
+
 # A venv the project owns, never the system Python (PEP 668 marks Debian's and Ubuntu's as
 # externally managed). pandas and matplotlib: DataFrame HTML results and figures; pytest:
 # the client's tests.
@@ -38,25 +45,31 @@ fi
 "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check ./clients/python
 PATH="$PWD/$venv/bin:$PATH"
 export PATH
+phase_done "the Python environment"
 
 # The cluster tests (engine/tests/cluster.rs, engine/tests/cluster_haproxy.rs) start their
 # own throwaway PostgreSQL and HAProxy from Debian's packages; as root this installs them and
 # the user PostgreSQL runs as (it refuses root). Otherwise the caller needs them installed.
 bash scripts/cluster-packages.sh
+phase_done "the Debian packages"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 # The embedding API alone: no server, client or CLI (no actix-web, clap, rustyline).
 cargo clippy -p pyvisor --no-default-features --quiet -- -D warnings
+phase_done "fmt and clippy"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --quiet 2>&1 | tee "$log"
+phase_done "cargo test (build and run)"
 # The client's tests start the `pyvisor` binary that `cargo test` built.
 python3 -m pytest -q -p no:cacheprovider clients/python/tests 2>&1 | tee -a "$log"
+phase_done "the Python client's tests"
 # The TypeScript client (Node 20): its locked dev dependencies, the type check and build, then
 # its node --test suites (with examples/rlm-node) against that same binary.
 (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error \
     && npx tsc -p . && npx tsc -p ../../examples/rlm-node && node --test test/*.test.js) 2>&1 | tee -a "$log"
+phase_done "the TypeScript client's build and tests"
 # cargo ends with the (empty) doc-test run of the last crate; close with the whole count.
 # pytest closes with "N failed, N passed in Ts" (each part only when not zero); node --test
 # with "# pass N" and "# fail N".

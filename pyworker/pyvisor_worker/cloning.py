@@ -16,7 +16,9 @@ then the clone runs nothing; end of file instead (the host gave up) makes it exi
 
 The clone moves its ends onto fds 1 to 4, forgets what belonged to the source (the requests
 queued for it, its speculation child, a held write lock), closes the host's ends once started
-and says hello as a new worker does; from there on it is a worker like any other. Only the
+and says hello as a new worker does; from there on it is a worker like any other. The
+source stays the clone's parent: a thread of the source waits for each clone, so that a
+clone closed or killed does not stay behind as a zombie counted against the source. Only the
 thread that forked exists in a clone: threads of the session's code do not survive, and when
 the source had any, the clone's first execution says so on its stderr. Open files stay open
 in both, sharing their offsets; the working directory is the source's.
@@ -75,10 +77,19 @@ def _fork_one(threads, hello, serve):
         os.setpgid(pid, pid)  # the group exists before the host hears of it
     except OSError:
         pass  # the child made it already, or died: the host finds out
+    protocol.start_thread(_reap, pid)
     for read, write in pipes:
         os.close(read)
         os.close(write)
     return {"pid": pid, "stdout": out_r, "stderr": err_r, "requests": req_w, "replies": rep_r}
+
+
+def _reap(pid):
+    """Thread of the source: wait for the clone `pid` to end (closed, or killed)."""
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass  # the session's own code waited for it (os.wait())
 
 
 def _become_clone(ours, hosts, threads, hello, serve):

@@ -221,3 +221,64 @@ async fn a_sandboxed_clone_shares_the_uid_and_outlives_its_source() {
     value(&clone, "open('still-here', 'w').write('yes')").await;
     assert_eq!(value(&clone, "open('still-here').read()").await, "'yes'");
 }
+
+/// The pids of `pid`'s children that are zombies (exited, not reaped).
+fn zombie_children(pid: u32) -> Vec<u32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    children
+        .split_whitespace()
+        .filter_map(|child| child.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|s| s.trim_start().starts_with('Z'))
+            })
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn closed_clones_leave_no_zombie_in_the_source() {
+    let engine = engine_with(config()).await;
+    let source = engine
+        .create_session(SessionOptions::default())
+        .await
+        .unwrap();
+    let pid = source.pid().expect("the source's pid");
+    for _ in 0..3 {
+        let forked = within(source.fork(2, vec![])).await.unwrap();
+        for clone in forked.sessions {
+            clone.close().await.expect("the clone closes");
+        }
+    }
+    value(&source, "1").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let zombies = zombie_children(pid);
+        if zombies.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the source never reaped its closed clones: {zombies:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A clone killed by the host rather than closed is reaped too.
+    let forked = within(source.fork(1, vec![])).await.unwrap();
+    let clone_pid = forked.sessions[0].pid().expect("a clone's pid");
+    drop(forked);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(clone_pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    value(&source, "2").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !zombie_children(pid).is_empty() {
+        assert!(Instant::now() < deadline, "a killed clone stays a zombie");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
