@@ -282,3 +282,30 @@ async fn closed_clones_leave_no_zombie_in_the_source() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn large_blocks_get_huge_pages_so_that_a_fork_copies_few_page_table_entries() {
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let engine = engine_with(config()).await;
+    let session = engine
+        .create_session(SessionOptions::default())
+        .await
+        .unwrap();
+    let huge_kb: u64 = value(
+        &session,
+        "import os\nblob = os.urandom(64 << 20)\n\
+         [int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')][0]",
+    )
+    .await
+    .parse()
+    .unwrap();
+    if thp.contains("[never]") {
+        assert_eq!(huge_kb, 0, "the kernel has transparent huge pages off");
+    } else {
+        assert!(
+            huge_kb >= 32 << 10,
+            "64 MB of bytes in {huge_kb} kB of huge pages"
+        );
+    }
+}
