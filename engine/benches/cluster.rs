@@ -11,7 +11,7 @@
 //! Run: `cargo bench -p pyvisor --bench cluster` (`PYVISOR_BENCH_QUICK=1` for a short run).
 //! It needs PostgreSQL's server binaries (`scripts/cluster-packages.sh`).
 
-#[path = "../tests/common/postgres.rs"]
+#[path = "../tests/suite/common/postgres.rs"]
 mod postgres;
 
 mod common;

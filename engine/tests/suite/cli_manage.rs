@@ -2,7 +2,7 @@
 //! session …`, `pyvisor top --once`, `pyvisor logs [-f]`, `session.complete` over the socket,
 //! and `pyvisor exec --save DIR` for rich output.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

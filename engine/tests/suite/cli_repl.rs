@@ -2,7 +2,7 @@
 //! prompts): statements and blocks, values and tracebacks, `input()` answered from the same
 //! stdin, the exit status at end of input; embedded and through a daemon.
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 

@@ -4,9 +4,8 @@
 //! processes: the holder killed with SIGKILL, the session's next request on the other node
 //! answers from its last checkpoint and says where it came from, for its owner only.
 
-mod common;
-#[path = "common/postgres.rs"]
-mod postgres;
+use crate::common;
+use crate::common::postgres;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! real engine and reports precision, recall and the interruption rate the labels give; a
 //! corpus it cannot read is a usage error.
 
-mod common;
+use crate::common;
 
 use common::{command, run, text};
 use serde_json::{json, Value};

@@ -1,7 +1,7 @@
 //! A `pyvisor serve` process for the daemon tests: a private home, state and runtime
 //! directory in a temp dir, raw JSON-RPC over its socket, and a guard that kills it.
 
-#![allow(dead_code)] // each test binary uses its own part of this module
+pub mod postgres;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! for byte, the listing shows it, refusals and misuse get their exit statuses, and a fork
 //! makes named clones that start from the source.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! (`[limits.max]`), nonsense refused with the field named, the sessions one owner may hold,
 //! and idle sessions checkpointed and closed, then brought back by name.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

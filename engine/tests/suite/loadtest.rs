@@ -5,7 +5,7 @@
 //! restarted under load, and the command's exit
 //! statuses and `--compare`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! and clients that really run under other uids (a small Python relay started with
 //! setgid/setuid), as an attacker on the same host would.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! `pyvisor exec` through the real binary: streaming, input from stdin, JSON output and the
 //! exit statuses the README gives, in an embedded engine and through a daemon.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output, Stdio};
 

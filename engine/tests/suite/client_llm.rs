@@ -4,7 +4,7 @@
 //! on an interrupt, a client timeout, a client that goes away mid-call, and answers forged by
 //! another connection or by the session's own output.
 
-mod common;
+use crate::common;
 
 use common::{Conn, Daemon};
 use serde_json::{json, Value};

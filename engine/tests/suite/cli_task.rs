@@ -4,7 +4,7 @@
 //! outcome with its whole history; `--replay` runs it again offline, asking no endpoint, and
 //! says when a replay diverges.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;

@@ -1,7 +1,7 @@
 //! JSON-RPC over the daemon's Unix socket, as docs/protocol.md defines it: every method, streamed
 //! notifications, many requests in flight, and bad input that must not disturb anyone else.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};

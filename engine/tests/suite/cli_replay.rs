@@ -2,7 +2,7 @@
 //! training traces (tests/data/traces): with `--verify`, every answer equals a real run's,
 //! and speculation answers at least a floor share of the cells; bad input is a usage error.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

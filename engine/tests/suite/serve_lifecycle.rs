@@ -1,7 +1,7 @@
 //! The life of `pyvisor serve`: a graceful SIGTERM with executions in flight, named
 //! sessions back after a restart, a SIGHUP reload of the pool, and `--stdio`.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;

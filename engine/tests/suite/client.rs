@@ -2,7 +2,7 @@
 //! connection, streamed events in order and routed to the right execution, input, error
 //! codes kept, and pending calls failed with `Closed` when the connection is lost.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! `pyvisor daemon start|stop|status` against real processes in a private home, and the
 //! systemd unit of `examples/systemd/` checked against the directives the docs rely on.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
