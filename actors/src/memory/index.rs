@@ -8,7 +8,8 @@
 //!
 //! A session that runs the same code again and again (a polling loop, a harness's `x += 1`)
 //! would fill the index with copies of one success. Such a repeat folds into the session's
-//! last success row, which counts it, as long as no failure of the owner came after that row:
+//! latest success row of that code, which counts it, as long as no failure of the owner came
+//! after that row:
 //! checks weigh a row by its count, so what they conclude is the same, and the index grows
 //! with what the owner did differently, not with how often.
 
@@ -178,8 +179,18 @@ pub(crate) struct Index {
     shelves: HashMap<Arc<str>, Shelf>,
     /// (id, time in ms, owner, is a failure) of every row, oldest first.
     order: VecDeque<(i64, i64, Arc<str>, bool)>,
-    /// Each live session's last success row (owner, id): where its repeats fold.
-    last_success: HashMap<Arc<str>, (Arc<str>, i64)>,
+    /// Each live session's latest success row per code: where its repeats fold.
+    fold_targets: HashMap<Arc<str>, FoldTargets>,
+}
+
+/// Codes a session's fold targets remember at most; past it they start again.
+const FOLD_CODES: usize = 64;
+
+/// One session's latest success row (id) for each code it ran, and the session's owner.
+#[derive(Debug)]
+struct FoldTargets {
+    owner: Arc<str>,
+    by_code: HashMap<u64, i64>,
 }
 
 impl Index {
@@ -188,7 +199,7 @@ impl Index {
             dims,
             shelves: HashMap::new(),
             order: VecDeque::new(),
-            last_success: HashMap::new(),
+            fold_targets: HashMap::new(),
         }
     }
 
@@ -199,12 +210,12 @@ impl Index {
 
     /// The session is over (or was loaded from the store): its repeats no longer fold.
     pub fn forget_session(&mut self, session: &str) {
-        self.last_success.remove(session);
+        self.fold_targets.remove(session);
     }
 
     /// No session's repeats fold into what is indexed so far.
     pub fn forget_sessions(&mut self) {
-        self.last_success.clear();
+        self.fold_targets.clear();
     }
 
     pub fn shelf(&self, owner: &str) -> Option<&Shelf> {
@@ -223,8 +234,8 @@ impl Index {
         self.shelves.get_mut(owner)
     }
 
-    /// Adds an outcome, or folds a repeated success into its session's last success row;
-    /// ids must come in increasing order.
+    /// Adds an outcome, or folds a success into its session's latest success row of the same
+    /// code; ids must come in increasing order.
     pub fn insert(
         &mut self,
         owner: &Arc<str>,
@@ -236,12 +247,21 @@ impl Index {
     ) {
         debug_assert_eq!(vector.len(), self.dims);
         if failure {
-            self.last_success.remove(&entry.session);
+            self.fold_targets.remove(&entry.session);
         } else if self.fold_repeat(owner, &entry) {
             return;
         } else {
-            self.last_success
-                .insert(entry.session.clone(), (owner.clone(), entry.id));
+            let targets = self
+                .fold_targets
+                .entry(entry.session.clone())
+                .or_insert_with(|| FoldTargets {
+                    owner: owner.clone(),
+                    by_code: HashMap::new(),
+                });
+            if targets.by_code.len() >= FOLD_CODES {
+                targets.by_code.clear();
+            }
+            targets.by_code.insert(entry.code, entry.id);
         }
         self.order
             .push_back((entry.id, at_ms, owner.clone(), failure));
@@ -254,16 +274,18 @@ impl Index {
         rows.push(vector, calls, entry);
     }
 
-    /// Counts `entry` on its session's last success row when it repeats it and no failure
+    /// Counts `entry` on its session's latest success row of the same code when no failure
     /// of the owner came since (what worked after a failure is looked for after it by id).
     fn fold_repeat(&mut self, owner: &Arc<str>, entry: &Entry) -> bool {
-        let Some((last_owner, last_id)) = self.last_success.get(&entry.session) else {
+        let Some(targets) = self.fold_targets.get(&entry.session) else {
             return false;
         };
-        if last_owner != owner {
+        if &targets.owner != owner {
             return false;
         }
-        let last_id = *last_id;
+        let Some(&last_id) = targets.by_code.get(&entry.code) else {
+            return false;
+        };
         let Some(shelf) = self.shelves.get_mut(owner) else {
             return false;
         };
@@ -441,7 +463,7 @@ mod tests {
     }
 
     #[test]
-    fn a_session_repeating_a_success_folds_into_one_row_until_a_failure() {
+    fn a_session_repeating_successes_folds_them_into_one_row_per_code_until_a_failure() {
         let mut index = Index::new(4);
         let owner: Arc<str> = "alice".into();
         let v = quantize(&[1.0, 0.0, 0.0, 0.0]);
@@ -464,28 +486,30 @@ mod tests {
         index.insert(&owner, 101, false, &v, 0, success(101, "s", 8));
         index.insert(&owner, 102, false, &v, 0, success(102, "t", 8));
         assert_eq!(index.len(), 3);
-        // A repeat folds only into its session's last success, not an older one.
+        // Codes that take turns in a session fold into their own rows.
         index.insert(&owner, 103, false, &v, 0, success(103, "s", 7));
-        assert_eq!(index.len(), 4);
+        index.insert(&owner, 104, false, &v, 0, success(104, "s", 8));
+        assert_eq!(index.len(), 3);
+        assert_eq!(index.counts(Some("alice")), (0, 104));
 
         // After a failure of the owner, the next success is a row: what worked after the
         // failure is found after it by id.
-        index.insert(&owner, 104, true, &v, 0, success(104, "t", 9));
-        index.insert(&owner, 105, false, &v, 0, success(105, "s", 7));
-        assert_eq!(index.len(), 6);
+        index.insert(&owner, 105, true, &v, 0, success(105, "t", 9));
         index.insert(&owner, 106, false, &v, 0, success(106, "s", 7));
-        assert_eq!(index.len(), 6);
+        assert_eq!(index.len(), 5);
+        index.insert(&owner, 107, false, &v, 0, success(107, "s", 7));
+        assert_eq!(index.len(), 5);
 
         // A closed session's repeats, and a success that follows up a failure, never fold.
         index.forget_session("s");
-        index.insert(&owner, 107, false, &v, 0, success(107, "s", 7));
+        index.insert(&owner, 108, false, &v, 0, success(108, "s", 7));
         let fix = Entry {
             fix: Some("x = 1".into()),
-            ..success(108, "s", 7)
+            ..success(109, "s", 7)
         };
-        index.insert(&owner, 108, false, &v, 0, fix);
-        assert_eq!(index.len(), 8);
-        assert_eq!(index.counts(None), (1, 107));
+        index.insert(&owner, 109, false, &v, 0, fix);
+        assert_eq!(index.len(), 7);
+        assert_eq!(index.counts(None), (1, 108));
     }
 
     #[test]
