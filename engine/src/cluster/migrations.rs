@@ -175,6 +175,18 @@ const MIGRATIONS: &[&str] = &[
         at_ms              bigint NOT NULL
     );
     "#,
+    // 4: a session's name is its owner's across the cluster, as it is on one node. Names
+    // that two sessions of one owner took on different nodes before this version stay with
+    // the older session; the newer keeps its id and loses its name in the directory.
+    r#"
+    UPDATE pyvisor_sessions s SET name = NULL
+    WHERE name IS NOT NULL AND EXISTS (
+        SELECT 1 FROM pyvisor_sessions o
+        WHERE coalesce(o.owner, '') = coalesce(s.owner, '') AND o.name = s.name
+          AND (o.created_at, o.session_id) < (s.created_at, s.session_id));
+    CREATE UNIQUE INDEX pyvisor_sessions_owner_name
+        ON pyvisor_sessions ((coalesce(owner, '')), name) WHERE name IS NOT NULL;
+    "#,
 ];
 
 /// The schema version this build knows.
