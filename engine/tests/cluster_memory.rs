@@ -2,7 +2,8 @@
 //! real daemon processes on one real throwaway PostgreSQL and real Python workers: a failure
 //! learnt on node A warns a like execution on node B, for its owner only; feedback given on
 //! one node silences the pattern on the other; and a store that goes away under a node
-//! leaves its executions working while the memory says it lost its store.
+//! leaves its executions working while the memory says it lost its store. And the store
+//! itself, as two engines share it: ids apart, each sees the other's rows only, counts add up.
 
 mod common;
 #[path = "common/postgres.rs"]
@@ -11,6 +12,8 @@ mod postgres;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use pyvisor::cluster::memory::SharedOutcomes;
+use pyvisor_actors::memory::{FeedbackRecord, OutcomeRecord, OutcomeStore, PatternRecord, Write};
 use serde_json::{json, Value};
 
 use common::Daemon;
@@ -205,4 +208,105 @@ async fn a_store_gone_under_a_node_leaves_executions_working_and_memory_warns() 
         !found.as_array().expect("outcomes").is_empty(),
         "what memory holds, without the store: {found}"
     );
+}
+
+/// A failure of alice's with id `id`, and its pattern, numbered `number` by its engine.
+fn failure(id: i64, number: u32) -> [Write; 2] {
+    let outcome = OutcomeRecord {
+        id,
+        owner: "alice".into(),
+        session_id: "s-1".into(),
+        execution_id: format!("e-{id}"),
+        at_ms: 1_000 + id,
+        code: FAILING.into(),
+        status: "error".into(),
+        error_type: Some("JSONDecodeError".into()),
+        error_message: Some("Expecting property name".into()),
+        normalized_message: Some("expecting property name".into()),
+        duration_ms: 1.0,
+        reads: vec!["json".into()],
+        meta: None,
+        failing_line: Some(1),
+        vector: vec![1, -2, 3],
+        embedder: "test".into(),
+    };
+    let pattern = PatternRecord {
+        id: number,
+        owner: "alice".into(),
+        error_type: "JSONDecodeError".into(),
+        normalized_message: "expecting property name".into(),
+        shape: "call".into(),
+        wrong: 0,
+        right: 0,
+        fired: 0,
+    };
+    [Write::Outcome(Box::new(outcome)), Write::Pattern(pattern)]
+}
+
+/// Feedback `score` on pattern `number` of its engine.
+fn feedback(number: u32, score: i8) -> Write {
+    Write::Feedback(FeedbackRecord {
+        owner: "alice".into(),
+        insight: None,
+        outcome: None,
+        pattern: Some(number),
+        score,
+        comment: None,
+        at_ms: 2_000,
+    })
+}
+
+#[tokio::test]
+async fn two_engines_sharing_the_store_get_apart_ids_and_each_others_rows() {
+    let db = postgres::database().await;
+    let config = db.config();
+    // The store blocks on a runtime of its own: off this one.
+    tokio::task::spawn_blocking(move || {
+        let mut a = SharedOutcomes::open(&config, "node-a").expect("node A's store");
+        let mut b = SharedOutcomes::open(&config, "node-b").expect("node B's store");
+        let loaded = b.load(100, None).expect("B loads the empty store");
+        assert!(loaded.outcomes.is_empty());
+        let (base_a, base_b) = (a.id_base().unwrap(), b.id_base().unwrap());
+        let (base_a, base_b) = (base_a.expect("a block"), base_b.expect("a block"));
+        assert!(base_a.abs_diff(base_b) >= 1 << 32, "{base_a} {base_b}");
+
+        a.apply(&failure(base_a + 1, 0))
+            .expect("A writes a failure");
+        let seen = b.changes(loaded.mark).unwrap().expect("a shared store");
+        assert_eq!(seen.outcomes.len(), 1);
+        assert_eq!(seen.outcomes[0].id, base_a + 1);
+        assert_eq!(seen.outcomes[0].reads, vec!["json".to_owned()]);
+        assert_eq!(seen.outcomes[0].vector, vec![1, -2, 3]);
+        assert_eq!(seen.patterns.len(), 1);
+        assert!(seen.mark > loaded.mark);
+        let own = a.changes(loaded.mark).unwrap().expect("a shared store");
+        assert!(
+            own.outcomes.is_empty(),
+            "an engine is not told its own outcomes"
+        );
+        assert_eq!(own.mark, seen.mark, "but goes past them");
+        let quiet = b.changes(seen.mark).unwrap().expect("a shared store");
+        assert!(quiet.outcomes.is_empty() && quiet.patterns.is_empty());
+
+        // Each engine numbers the pattern itself; their feedback adds up in the store.
+        b.apply(&failure(base_b + 1, 7))
+            .expect("B writes a like failure");
+        a.apply(&[feedback(0, -1)]).expect("A marks it wrong");
+        b.apply(&[feedback(7, -1)]).expect("B marks it wrong");
+        let counted = a.changes(own.mark).unwrap().expect("a shared store");
+        let pattern = counted.patterns.last().expect("the pattern changed");
+        assert_eq!((pattern.wrong, pattern.right), (2, 0), "{pattern:?}");
+        assert_eq!(counted.outcomes.len(), 1, "B's failure only");
+
+        // A later engine loads it all, with the counts of both.
+        let mut c = SharedOutcomes::open(&config, "node-c").expect("node C's store");
+        let all = c.load(100, None).expect("C loads");
+        assert_eq!(all.outcomes.len(), 2);
+        assert_eq!(all.patterns.len(), 1);
+        assert_eq!(all.patterns[0].wrong, 2);
+        let fetched = c.fetch(&[base_a + 1, base_b + 1, 12345]).expect("fetch");
+        assert_eq!(fetched.len(), 2);
+    })
+    .await
+    .expect("the store test ran");
 }

@@ -264,7 +264,7 @@ impl OutcomeStore for SharedOutcomes {
         })?;
         Ok(Some(Changes {
             outcomes: outcomes.iter().map(outcome_from_row).collect(),
-            patterns: patterns.iter().map(|row| pattern_from_row(row)).collect(),
+            patterns: patterns.iter().map(pattern_from_row).collect(),
             interruptions: shown
                 .iter()
                 .map(|row| {
