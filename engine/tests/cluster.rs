@@ -18,19 +18,7 @@ use pyvisor_actors::checkpoint::{CheckpointMeta, CheckpointStore, CheckpointStor
 use serde_json::{json, Value};
 
 use common::{http_get, Daemon};
-
-/// Polls `check` until it holds, up to 60 s; panics with `what` otherwise.
-async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use postgres::until;
 
 #[tokio::test]
 async fn two_nodes_starting_together_migrate_an_empty_store_once() {
@@ -556,15 +544,7 @@ async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
     let db = postgres::database().await;
     let home = tempfile::tempdir().expect("temp dir");
     // The node reaches the store through a link to its socket, which the test can cut.
-    let link_dir = home.path().join("link");
-    std::fs::create_dir(&link_dir).expect("the link's dir");
-    let socket = db.socket_dir.join(".s.PGSQL.5432");
-    let link = link_dir.join(".s.PGSQL.5432");
-    std::os::unix::fs::symlink(&socket, &link).expect("link the socket");
-    let via_link = postgres::Database {
-        socket_dir: link_dir.clone(),
-        name: db.name.clone(),
-    };
+    let (via_link, link) = db.through_link(&home.path().join("link"));
     let config = node_config(&home.path().join("a"), &via_link, "node-a");
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -581,16 +561,7 @@ async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
     .await;
 
     // Cut the node off: no new connection, and its open ones ended.
-    std::fs::remove_file(&link).expect("cut the link");
-    let store = db.connect().await;
-    store
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE datname = $1 AND application_name = 'pyvisor'",
-            &[&db.name],
-        )
-        .await
-        .expect("end the node's connections");
+    link.cut(&db).await;
     until("/readyz says the store is unreachable", || async {
         let (status, body) = http_get(port, "/readyz", None).await;
         status == 503 && body.contains("store unreachable")
@@ -615,7 +586,7 @@ async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
     );
 
     // The store is back and nobody took the session: the node serves it again, as it was.
-    std::os::unix::fs::symlink(&socket, &link).expect("restore the link");
+    link.restore();
     let deadline = Instant::now() + Duration::from_secs(60);
     let back = loop {
         let answer = execute(&node, &session, "alice", "x").await;

@@ -17,6 +17,7 @@ use pyvisor_actors::memory::{FeedbackRecord, OutcomeRecord, OutcomeStore, Patter
 use serde_json::{json, Value};
 
 use common::Daemon;
+use postgres::until;
 
 const SETUP: &str = "import json";
 const FAILING: &str = "data = json.loads(\"{'a': 1}\")";
@@ -56,19 +57,6 @@ async fn check(node: &Daemon, owner: &str, code: &str) -> Vec<Value> {
         .call("memory.check", json!({"owner": owner, "code": code}))
         .await;
     checked["insights"].as_array().expect("insights").clone()
-}
-
-/// Polls `check` until it holds, up to 60 s; panics with `what` otherwise.
-async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Two sessions of `owner`'s on `node` that fail with [`FAILING`] and then run [`FIX`].
@@ -154,15 +142,7 @@ async fn a_store_gone_under_a_node_leaves_executions_working_and_memory_warns() 
     let db = postgres::database().await;
     let home = tempfile::tempdir().expect("temp dir");
     // The node reaches the store through a link to its socket, which the test cuts.
-    let link_dir = home.path().join("link");
-    std::fs::create_dir(&link_dir).expect("the link's dir");
-    let socket = db.socket_dir.join(".s.PGSQL.5432");
-    let link = link_dir.join(".s.PGSQL.5432");
-    std::os::unix::fs::symlink(&socket, &link).expect("link the socket");
-    let via_link = postgres::Database {
-        socket_dir: link_dir.clone(),
-        name: db.name.clone(),
-    };
+    let (via_link, link) = db.through_link(&home.path().join("link"));
     // A long lease: the node keeps serving its session while the store is gone.
     let node = node(&via_link, &home.path().join("a"), "node-a", 600.0).await;
     let session = create(&node, "alice").await;
@@ -175,16 +155,7 @@ async fn a_store_gone_under_a_node_leaves_executions_working_and_memory_warns() 
     assert_eq!(stats["store"], "postgresql (the cluster store)", "{stats}");
     assert!(stats["warning"].is_null(), "{stats}");
 
-    std::fs::remove_file(&link).expect("cut the link");
-    db.connect()
-        .await
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE datname = $1 AND application_name = 'pyvisor'",
-            &[&db.name],
-        )
-        .await
-        .expect("end the node's connections");
+    link.cut(&db).await;
 
     // Executions go on, failures and all, and the memory still warns from what it holds.
     for _ in 0..2 {
