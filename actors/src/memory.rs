@@ -6,13 +6,15 @@
 //! against the in-memory index on their own thread, so the check never waits for anything),
 //! the [`MemoryActor`] (which follows the session event stream for what comes after a result:
 //! the names a cell read, closed sessions) and the engine's API. Outcomes persist through an
-//! [`OutcomeStore`] on a thread of its own.
+//! [`OutcomeStore`] on a thread of its own; a store several engines share is followed by
+//! another thread, which takes in what the other engines recorded.
 
 mod actor;
 mod api;
 mod core;
 mod detect;
 mod embed;
+mod follow;
 mod index;
 mod normalize;
 mod policy;
@@ -37,12 +39,16 @@ pub use normalize::normalize_message;
 pub use policy::PolicyConfig;
 pub use statements::failing_line;
 pub use store::{
-    ExecutionMeta, FeedbackRecord, InterruptionRecord, Loaded, OutcomeRecord, OutcomeStore,
-    PatternRecord, SqliteStore, StoreError, StoreFailure, Write,
+    Changes, ExecutionMeta, FeedbackRecord, InterruptionRecord, Loaded, OutcomeRecord,
+    OutcomeStore, PatternRecord, SqliteStore, StoreError, StoreFailure, Write,
 };
+
+/// A store opened, or why it could not be.
+pub type Opened = Result<Box<dyn OutcomeStore>, StoreError>;
 
 use crate::execution::ExecutionStatus;
 use detect::{detect, Patterns, Query};
+use follow::follow;
 use index::{quantize, Entry, Index, Probe};
 use policy::SessionPolicy;
 use writer::{Health, Writer};
@@ -268,6 +274,8 @@ pub struct Memory {
     next_outcome: AtomicI64,
     next_interruption: AtomicI64,
     health: Arc<Health>,
+    /// Where the store is, while its thread runs.
+    store: Option<String>,
     reader: Option<Mutex<Box<dyn OutcomeStore>>>,
     // Declared last: dropped last, so that everything queued is written before it goes.
     writer: Option<Writer>,

@@ -14,12 +14,13 @@ pub use resolve::http_addr;
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyvisor_actors::checkpoint::{
     DEFAULT_RETENTION, DEFAULT_SESSION_DISK_BYTES, DEFAULT_TOTAL_DISK_BYTES,
 };
-use pyvisor_actors::memory::PolicyConfig;
+use pyvisor_actors::memory::{Opened, PolicyConfig};
 use pyvisor_actors::pool::PoolConfig;
 use pyvisor_actors::session::AutoCheckpoint;
 use pyvisor_actors::supervisor::Quotas;
@@ -165,6 +166,26 @@ pub struct MemoryConfig {
     pub policy: PolicyConfig,
     /// Where code is turned into vectors: the local hashing embedder when `None`.
     pub embedder: Option<RemoteEmbedderConfig>,
+    /// A store the engines of a cluster share, in place of `memory.db` in the state
+    /// directory (set from `[cluster]` by the daemon).
+    pub shared: Option<SharedMemoryStore>,
+}
+
+/// Opens a connection to a memory store that several engines share; each engine's memory
+/// opens three (to write, to read, to follow what the others write).
+#[derive(Clone)]
+pub struct SharedMemoryStore(pub Arc<dyn Fn() -> Opened + Send + Sync>);
+
+impl std::fmt::Debug for SharedMemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedMemoryStore")
+    }
+}
+
+impl PartialEq for SharedMemoryStore {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// An OpenAI-compatible embeddings endpoint for memory's similarity (`[memory.embedder]`).
@@ -192,6 +213,7 @@ impl Default for MemoryConfig {
             threshold: defaults.threshold,
             policy: defaults.policy,
             embedder: None,
+            shared: None,
         }
     }
 }

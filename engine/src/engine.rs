@@ -612,8 +612,9 @@ fn open_state(config: &StateConfig) -> Result<Option<(StateOptions, HeldStateDir
     Ok(Some((options, held)))
 }
 
-/// The engine's memory, when enabled: in `memory.db` of the state directory when the engine
-/// keeps state, else in memory only (blocking: it loads what the store holds).
+/// The engine's memory, when enabled: in the store the cluster's engines share when it has
+/// one, else in `memory.db` of the state directory when the engine keeps state, else in
+/// memory only (blocking: it loads what the store holds).
 fn open_memory(
     config: &MemoryConfig,
     path: Option<PathBuf>,
@@ -639,10 +640,17 @@ fn open_memory(
         max_age: config.max_age,
         threshold: config.threshold,
         policy: config.policy,
-        path,
+        path: path.filter(|_| config.shared.is_none()),
     };
-    Ok(Some(Arc::new(Memory::open(memory, embedder))))
+    Ok(Some(match &config.shared {
+        Some(shared) => Memory::open_shared(memory, embedder, &*shared.0, FOLLOW_SHARED_MEMORY),
+        None => Arc::new(Memory::open(memory, embedder)),
+    }))
 }
+
+/// How often an engine whose memory store is shared takes in what the others recorded: the
+/// longest an outcome of another node's waits to be known here (docs/memory.md).
+pub const FOLLOW_SHARED_MEMORY: Duration = Duration::from_secs(1);
 
 /// The memory's file in the state directory.
 pub const MEMORY_FILE: &str = "memory.db";

@@ -92,6 +92,9 @@ pub enum ClusterError {
         node: String,
         advertise_url: String,
     },
+    /// The owner has a session of this name on some node of the cluster already.
+    #[error("the name {name:?} is taken by a live session of the cluster ({session_id})")]
+    NameTaken { name: String, session_id: String },
     /// This node drains (`node.drain`): it takes no session, new or taken over, and hands
     /// those it holds to the store; another node serves them at their next request.
     #[error("node {node} is draining: it takes no session; another node serves it")]

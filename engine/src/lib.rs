@@ -92,7 +92,7 @@ pub mod task;
 
 pub use config::{
     ClientLlmConfig, EngineConfig, LlmConfig, MemoryConfig, Price, ProactiveConfig,
-    RemoteEmbedderConfig, RlmConfig, SandboxConfig, SandboxLayer, StateConfig,
+    RemoteEmbedderConfig, RlmConfig, SandboxConfig, SandboxLayer, SharedMemoryStore, StateConfig,
 };
 pub use engine::{Engine, EngineStats};
 pub use errors::EngineError;

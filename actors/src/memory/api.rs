@@ -201,11 +201,7 @@ impl Memory {
                 total.interruptions as f64 / total.failing as f64
             },
             feedback: total.feedback,
-            store: self
-                .writer
-                .as_ref()
-                .and(self.config.path.as_ref())
-                .map(|path| path.display().to_string()),
+            store: self.store.clone(),
             warning: self.health.warning(),
             embedder: self.embedder.name().to_owned(),
             embedder_errors: self.embedder.errors(),

@@ -1,6 +1,8 @@
-//! Where outcomes persist: the [`OutcomeStore`] trait (room for PostgreSQL later) and
-//! [`SqliteStore`], an embedded SQLite file in the state directory (WAL mode, schema
-//! migrations versioned in code, retention pruned oldest first).
+//! Where outcomes persist: the [`OutcomeStore`] trait and [`SqliteStore`], an embedded
+//! SQLite file in the state directory (WAL mode, schema migrations versioned in code,
+//! retention pruned oldest first). A store several engines share (the cluster's PostgreSQL,
+//! in the engine crate) also gives each engine its own range of ids and tells what the
+//! others wrote ([`OutcomeStore::changes`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -115,6 +117,23 @@ pub struct Loaded {
     pub patterns: Vec<PatternRecord>,
     /// Every interruption shown: id, owner and pattern (feedback may come after a restart).
     pub interruptions: Vec<(i64, String, u32)>,
+    /// Where [`OutcomeStore::changes`] goes on from, for a shared store.
+    pub mark: i64,
+}
+
+/// What the other engines sharing a store wrote after a mark.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Their new outcomes, oldest first.
+    pub outcomes: Vec<OutcomeRecord>,
+    /// Patterns whose feedback or firings changed, with the counts of every engine. A pattern
+    /// is known by its owner, error type, normalized message and shape: `id` means nothing
+    /// here (each engine numbers its patterns itself).
+    pub patterns: Vec<PatternRecord>,
+    /// Insights they showed: the id and the pattern (by its key, as in `patterns`).
+    pub interruptions: Vec<(i64, PatternRecord)>,
+    /// Where the next call goes on from.
+    pub mark: i64,
 }
 
 /// Why the store failed, in the words of the warning that says so.
@@ -149,6 +168,19 @@ pub trait OutcomeStore: Send {
     fn apply(&mut self, writes: &[Write]) -> Result<(), StoreError>;
     /// The outcomes with these ids (those still stored).
     fn fetch(&mut self, ids: &[i64]) -> Result<Vec<OutcomeRecord>, StoreError>;
+    /// Where the store is, for `memory.stats`.
+    fn location(&self) -> String;
+    /// For a store that several engines share, the first id of a range that is this
+    /// engine's alone, for its outcomes and interruptions. `None` for a store of one engine:
+    /// its ids go on from the largest it loaded.
+    fn id_base(&mut self) -> Result<Option<i64>, StoreError> {
+        Ok(None)
+    }
+    /// What the other engines sharing the store wrote after `mark` (of [`Loaded`] or of the
+    /// last call); `None` for a store of one engine, which nobody else writes.
+    fn changes(&mut self, _mark: i64) -> Result<Option<Changes>, StoreError> {
+        Ok(None)
+    }
 }
 
 /// Schema migrations, applied in order; `PRAGMA user_version` says how many ran.
@@ -296,6 +328,7 @@ impl OutcomeStore for SqliteStore {
             outcomes,
             patterns,
             interruptions,
+            mark: 0,
         })
     }
 
@@ -307,6 +340,10 @@ impl OutcomeStore for SqliteStore {
             apply_one(&tx, write).map_err(fail)?;
         }
         tx.commit().map_err(fail)
+    }
+
+    fn location(&self) -> String {
+        self.path.display().to_string()
     }
 
     fn fetch(&mut self, ids: &[i64]) -> Result<Vec<OutcomeRecord>, StoreError> {

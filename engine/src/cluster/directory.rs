@@ -6,10 +6,13 @@
 //! creates under epoch 1; [`claim`] takes a session whose lease ran out (or that the node
 //! held already, before a restart) and bumps its epoch; [`renew`] extends every lease a node
 //! holds in one statement per heartbeat and tells which it no longer holds; [`release`] lets
-//! a draining node give a session up with its checkpoint in the store.
+//! a draining node give a session up with its checkpoint in the store. A session's name is
+//! unique per owner across the cluster: [`register`] refuses one taken on any node
+//! ([`ClusterError::NameTaken`]), and [`named`] finds the session that has it.
 
 use std::time::Duration;
 
+use deadpool_postgres::GenericClient;
 use tokio_postgres::error::SqlState;
 
 use super::store::Store;
@@ -127,25 +130,51 @@ pub async fn register(
             });
         }
     }
-    tx.execute(
-        "INSERT INTO pyvisor_sessions
+    let inserted = tx
+        .execute(
+            "INSERT INTO pyvisor_sessions
              (session_id, name, owner, holder, lease_expires_at, epoch, limits)
-         VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', 1, $6)",
-        &[
-            &new.session_id,
-            &new.name,
-            &new.owner,
-            &node_id,
-            &seconds(ttl),
-            &new.limits,
-        ],
-    )
-    .await
-    .map_err(failed("register the session in the cluster store"))?;
+         VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', 1, $6)
+         ON CONFLICT ((coalesce(owner, '')), name) WHERE name IS NOT NULL DO NOTHING",
+            &[
+                &new.session_id,
+                &new.name,
+                &new.owner,
+                &node_id,
+                &seconds(ttl),
+                &new.limits,
+            ],
+        )
+        .await
+        .map_err(failed("register the session in the cluster store"))?;
+    if let (0, Some(name)) = (inserted, new.name) {
+        let taken_by = named(&tx, new.owner, name).await?;
+        return Err(ClusterError::NameTaken {
+            name: name.to_owned(),
+            session_id: taken_by.unwrap_or_default(),
+        });
+    }
     tx.commit()
         .await
         .map_err(failed("commit the session's registration"))?;
     Ok(1)
+}
+
+/// The session of `owner`'s named `name` in the directory, whichever node holds it.
+pub async fn named(
+    client: &impl GenericClient,
+    owner: Option<&str>,
+    name: &str,
+) -> Result<Option<String>, ClusterError> {
+    let row = client
+        .query_opt(
+            "SELECT session_id FROM pyvisor_sessions
+             WHERE coalesce(owner, '') = coalesce($1, '') AND name = $2",
+            &[&owner, &name],
+        )
+        .await
+        .map_err(failed("look the session's name up in the cluster store"))?;
+    Ok(row.map(|row| row.get(0)))
 }
 
 /// The directory's entry for `session_id`, if it has one.

@@ -95,6 +95,98 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE pyvisor_nodes ADD COLUMN draining boolean NOT NULL DEFAULT false;
     ALTER TABLE pyvisor_sessions ADD COLUMN limits text;
     "#,
+    // 3: the memory feature's outcomes, patterns, insights shown and feedback, shared by the
+    // nodes (docs/memory.md#several-nodes). Every row a node writes takes the next value of
+    // `pyvisor_memory_seq`, under an advisory lock, so the rows become visible in the order
+    // of their `seq` and a node follows the others by asking for `seq` past the last it saw.
+    // Each node's engine takes a block of ids from `pyvisor_memory_id_blocks` at start
+    // (ids `block << 32` on), so that two nodes never give one id.
+    r#"
+    CREATE SEQUENCE pyvisor_memory_seq;
+    CREATE SEQUENCE pyvisor_memory_id_blocks;
+
+    CREATE TABLE pyvisor_memory_outcomes (
+        id                 bigint PRIMARY KEY,
+        seq                bigint NOT NULL,
+        node_id            text NOT NULL,
+        owner              text NOT NULL,
+        session_id         text NOT NULL,
+        execution_id       text NOT NULL,
+        at_ms              bigint NOT NULL,
+        code               text NOT NULL,
+        status             text NOT NULL,
+        error_type         text,
+        error_message      text,
+        normalized_message text,
+        duration_ms        double precision NOT NULL,
+        reads              text NOT NULL,
+        meta               text,
+        failing_line       integer,
+        vector             bytea NOT NULL,
+        embedder           text NOT NULL
+    );
+    CREATE INDEX pyvisor_memory_outcomes_seq ON pyvisor_memory_outcomes (seq);
+    CREATE INDEX pyvisor_memory_outcomes_at ON pyvisor_memory_outcomes (at_ms);
+
+    -- A failure pattern is its owner's, error type, normalized message and code shape; the
+    -- counts are every node's.
+    CREATE TABLE pyvisor_memory_patterns (
+        owner              text NOT NULL,
+        error_type         text NOT NULL,
+        normalized_message text NOT NULL,
+        shape              text NOT NULL,
+        wrong              bigint NOT NULL DEFAULT 0,
+        helpful            bigint NOT NULL DEFAULT 0,
+        fired              bigint NOT NULL DEFAULT 0,
+        seq                bigint NOT NULL,
+        PRIMARY KEY (owner, error_type, normalized_message, shape)
+    );
+    CREATE INDEX pyvisor_memory_patterns_seq ON pyvisor_memory_patterns (seq);
+
+    CREATE TABLE pyvisor_memory_interruptions (
+        id                 bigint PRIMARY KEY,
+        seq                bigint NOT NULL,
+        node_id            text NOT NULL,
+        owner              text NOT NULL,
+        session_id         text NOT NULL,
+        execution_id       text NOT NULL,
+        error_type         text NOT NULL,
+        normalized_message text NOT NULL,
+        shape              text NOT NULL,
+        confidence         double precision NOT NULL,
+        message            text NOT NULL,
+        suggestion         text,
+        at_ms              bigint NOT NULL,
+        next_status        text
+    );
+    CREATE INDEX pyvisor_memory_interruptions_seq ON pyvisor_memory_interruptions (seq);
+
+    CREATE TABLE pyvisor_memory_feedback (
+        id                 bigserial PRIMARY KEY,
+        node_id            text NOT NULL,
+        owner              text NOT NULL,
+        insight            bigint,
+        outcome            bigint,
+        error_type         text,
+        normalized_message text,
+        shape              text,
+        score              smallint NOT NULL,
+        comment            text,
+        at_ms              bigint NOT NULL
+    );
+    "#,
+    // 4: a session's name is its owner's across the cluster, as it is on one node. Names
+    // that two sessions of one owner took on different nodes before this version stay with
+    // the older session; the newer keeps its id and loses its name in the directory.
+    r#"
+    UPDATE pyvisor_sessions s SET name = NULL
+    WHERE name IS NOT NULL AND EXISTS (
+        SELECT 1 FROM pyvisor_sessions o
+        WHERE coalesce(o.owner, '') = coalesce(s.owner, '') AND o.name = s.name
+          AND (o.created_at, o.session_id) < (s.created_at, s.session_id));
+    CREATE UNIQUE INDEX pyvisor_sessions_owner_name
+        ON pyvisor_sessions ((coalesce(owner, '')), name) WHERE name IS NOT NULL;
+    "#,
 ];
 
 /// The schema version this build knows.

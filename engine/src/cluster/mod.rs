@@ -13,6 +13,7 @@
 //! - [`directory`]: the session directory and its leases (register, claim, renew, remove).
 //! - [`checkpoints`]: checkpoints copied between a node's local store and the shared one.
 //! - [`forward`]: requests sent on to the node that holds their session.
+//! - [`memory`]: the memory feature's outcomes and patterns, shared by the nodes.
 //! - [`metrics`]: leases, forwarded requests, failovers, the store's latency.
 //! - [`status`]: `cluster.status`, the nodes and their sessions as the store sees them.
 //! - [`node`]: the node at run time: its heartbeat, the checkpoint upload, failover.
@@ -24,6 +25,7 @@ pub mod config;
 pub mod directory;
 pub mod drain;
 pub mod forward;
+pub mod memory;
 pub mod metrics;
 pub mod migrations;
 pub mod node;

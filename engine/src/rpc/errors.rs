@@ -133,6 +133,7 @@ impl From<crate::errors::ClusterError> for RpcError {
             err @ ClusterError::TooManySessions { .. } => {
                 RpcError::new(code::LIMIT_EXCEEDED, err.to_string())
             }
+            err @ ClusterError::NameTaken { .. } => RpcError::invalid_params(err.to_string()),
             ClusterError::Draining { ref node } => RpcError {
                 code: code::SHUTTING_DOWN,
                 message: err.to_string(),

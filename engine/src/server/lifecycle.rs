@@ -92,7 +92,11 @@ pub async fn serve(options: ServeOptions, reload: Reloader) -> Result<(), ServeE
         Listen::Socket(path) => Some(UnixServer::bind(path, options.socket_access.group).await?),
         Listen::Stdio => None,
     };
-    let engine = Engine::start(options.engine)
+    let mut engine_config = options.engine;
+    if let Some(cluster) = &options.cluster {
+        engine_config.memory.shared = Some(crate::cluster::memory::opener(cluster));
+    }
+    let engine = Engine::start(engine_config)
         .await
         .map_err(ServeError::Engine)?;
     let dispatcher = Dispatcher::new(engine.clone(), limits);

@@ -17,19 +17,7 @@ use pyvisor_actors::checkpoint::{CheckpointMeta, CheckpointStore, CheckpointStor
 use serde_json::{json, Value};
 
 use common::{http_get, Daemon};
-
-/// Polls `check` until it holds, up to 60 s; panics with `what` otherwise.
-async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use postgres::until;
 
 #[tokio::test]
 async fn two_nodes_starting_together_migrate_an_empty_store_once() {
@@ -286,6 +274,88 @@ async fn forked_sessions_enter_the_directory_and_count_against_the_quota() {
     assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
 }
 
+/// `session.create` of `owner`'s session named `name` on `node`.
+async fn create_named(node: &Daemon, owner: &str, name: &str) -> Value {
+    let mut conn = node.connect().await;
+    conn.call("session.create", json!({"owner": owner, "name": name}))
+        .await
+}
+
+#[tokio::test]
+async fn a_name_taken_on_one_node_is_taken_on_every_node() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let (node_a, node_b) = two_nodes(&db, homes.path()).await;
+    let first = create_named(&node_a, "alice", "analysis").await;
+    let id = first["session_id"].as_str().expect("an id").to_owned();
+    assert_eq!(first["attached"], false, "{first}");
+
+    // The same owner's create of that name on node B is an attach to node A's session, as
+    // on one node; the directory holds one session of that name.
+    let again = create_named(&node_b, "alice", "analysis").await;
+    assert_eq!(again["session_id"], id.as_str(), "{again}");
+    assert_eq!(again["attached"], true, "{again}");
+    let store = db.connect().await;
+    let named: i64 = store
+        .query_one(
+            "SELECT count(*) FROM pyvisor_sessions WHERE name = 'analysis'",
+            &[],
+        )
+        .await
+        .expect("count the named sessions")
+        .get(0);
+    assert_eq!(named, 1);
+    // In SQL too, whoever writes: a second row of that owner and name is refused.
+    let refused = store
+        .execute(
+            "INSERT INTO pyvisor_sessions (session_id, name, owner, holder, lease_expires_at,
+             epoch) VALUES ('s-x', 'analysis', 'alice', 'node-b', now(), 1)",
+            &[],
+        )
+        .await;
+    assert!(refused.is_err(), "a duplicate name entered the directory");
+
+    // Another owner's names are its own.
+    let bobs = create_named(&node_b, "bob", "analysis").await;
+    assert_ne!(bobs["session_id"], id.as_str(), "{bobs}");
+    assert_eq!(bobs["attached"], false, "{bobs}");
+
+    // Two creates of one name at once on the two nodes end with one session.
+    let (x, y) = tokio::join!(
+        create_named(&node_a, "carol", "shared"),
+        create_named(&node_b, "carol", "shared")
+    );
+    assert_eq!(x["session_id"], y["session_id"], "{x} {y}");
+    assert!(
+        x["attached"] != y["attached"],
+        "one of them attached: {x} {y}"
+    );
+
+    // A clone may not take a name its owner has on another node, as on one node.
+    let bobs = bobs["session_id"].as_str().expect("an id");
+    create_named(&node_a, "bob", "report").await;
+    let mut at_b = node_b.connect().await;
+    let (_, forked) = at_b
+        .request(
+            "session.fork",
+            json!({"session_id": bobs, "owner": "bob", "names": ["report"]}),
+        )
+        .await;
+    assert_eq!(forked["error"]["code"], -32602, "{forked}");
+    assert!(
+        forked["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("\"report\" is taken")),
+        "{forked}"
+    );
+    let listed = at_b.call("session.list", json!({"owner": "bob"})).await;
+    assert_eq!(
+        listed.as_array().map(Vec::len),
+        Some(1),
+        "no clone stays: {listed}"
+    );
+}
+
 /// A cluster node's config: the store, its id, a short lease, one warm worker, and an
 /// advertised URL where nothing listens.
 fn node_config(home: &Path, db: &postgres::Database, node_id: &str) -> std::path::PathBuf {
@@ -473,15 +543,7 @@ async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
     let db = postgres::database().await;
     let home = tempfile::tempdir().expect("temp dir");
     // The node reaches the store through a link to its socket, which the test can cut.
-    let link_dir = home.path().join("link");
-    std::fs::create_dir(&link_dir).expect("the link's dir");
-    let socket = db.socket_dir.join(".s.PGSQL.5432");
-    let link = link_dir.join(".s.PGSQL.5432");
-    std::os::unix::fs::symlink(&socket, &link).expect("link the socket");
-    let via_link = postgres::Database {
-        socket_dir: link_dir.clone(),
-        name: db.name.clone(),
-    };
+    let (via_link, link) = db.through_link(&home.path().join("link"));
     let config = node_config(&home.path().join("a"), &via_link, "node-a");
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -498,16 +560,7 @@ async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
     .await;
 
     // Cut the node off: no new connection, and its open ones ended.
-    std::fs::remove_file(&link).expect("cut the link");
-    let store = db.connect().await;
-    store
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE datname = $1 AND application_name = 'pyvisor'",
-            &[&db.name],
-        )
-        .await
-        .expect("end the node's connections");
+    link.cut(&db).await;
     until("/readyz says the store is unreachable", || async {
         let (status, body) = http_get(port, "/readyz", None).await;
         status == 503 && body.contains("store unreachable")
@@ -532,7 +585,7 @@ async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
     );
 
     // The store is back and nobody took the session: the node serves it again, as it was.
-    std::os::unix::fs::symlink(&socket, &link).expect("restore the link");
+    link.restore();
     let deadline = Instant::now() + Duration::from_secs(60);
     let back = loop {
         let answer = execute(&node, &session, "alice", "x").await;

@@ -149,6 +149,7 @@ impl MemorySettings {
                 dimensions: e.dimensions,
                 timeout: Duration::from_millis(e.timeout_ms),
             }),
+            shared: None,
         }
     }
 }

@@ -9,12 +9,14 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{Dispatcher, Scope};
+use crate::cluster::directory;
 use crate::cluster::forward::Forwarder;
 use crate::cluster::status::status;
 use crate::cluster::{ClusterStatus, Node};
+use crate::errors::ClusterError;
 use crate::rpc::caller::Caller;
 use crate::rpc::errors::{code, RpcError};
-use crate::rpc::wire::LimitParams;
+use crate::rpc::wire::{self, LimitParams};
 use crate::{EngineError, ExecutionResult, Session, SupervisorError};
 
 impl Dispatcher {
@@ -32,7 +34,7 @@ impl Dispatcher {
         &self,
         session: &Session,
         limits: Option<&LimitParams>,
-    ) -> Result<(), RpcError> {
+    ) -> Result<(), ClusterError> {
         let Some(node) = self.cluster.get() else {
             return Ok(());
         };
@@ -41,9 +43,55 @@ impl Dispatcher {
             if let Err(closing) = session.clone().close().await {
                 tracing::warn!(session = session.id(), error = %closing, "cannot close an unregistered session");
             }
-            return Err(err.into());
+            return Err(err);
         }
         Ok(())
+    }
+
+    /// The session of `owner`'s named `name` that another node of the cluster has (or had,
+    /// and may be taken over), if any: a create of that name attaches to it.
+    pub(super) async fn named_in_cluster(
+        &self,
+        owner: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>, RpcError> {
+        match self.cluster.get() {
+            Some(node) => Ok(directory::named(&node.store().client().await?, owner, name).await?),
+            None => Ok(None),
+        }
+    }
+
+    /// `session.create`'s answer for a name taken on another node: that session, attached
+    /// to as a create here attaches to a session of this node. Taken over here when its
+    /// holder's lease ran out; a session another live node holds has no pid to tell here.
+    pub(super) async fn attach_in_cluster(
+        &self,
+        at: &Scope<'_>,
+        session_id: String,
+    ) -> Result<wire::Created, RpcError> {
+        let session = match self.session(at, &session_id).await {
+            Ok(session) => session,
+            Err(err) if err.code == code::HELD_ELSEWHERE => {
+                return Ok(wire::Created {
+                    session_id,
+                    pid: None,
+                    python_version: None,
+                    warm: false,
+                    attached: true,
+                    restored: false,
+                })
+            }
+            Err(err) => return Err(err),
+        };
+        let info = session.info().await?;
+        Ok(wire::Created {
+            session_id,
+            pid: info.pid,
+            python_version: info.python_version,
+            warm: false,
+            attached: true,
+            restored: session.restored(),
+        })
     }
 
     /// The session `key` for `owner`, taken over from the cluster; `not_here` (the engine's

@@ -8,6 +8,7 @@ use futures::StreamExt;
 
 use super::report::session_info;
 use super::{Dispatcher, Scope};
+use crate::errors::ClusterError;
 use crate::rpc::errors::RpcError;
 use crate::rpc::outbound::Outbound;
 use crate::rpc::params::check_name;
@@ -24,6 +25,9 @@ impl Dispatcher {
         self.refuse_when_draining()?;
         if let Some(name) = &params.name {
             check_name(name)?;
+            if let Some(existing) = self.named_in_cluster(at.owner(), name).await? {
+                return self.attach_in_cluster(at, existing).await;
+            }
         }
         let python = match params.python.as_deref() {
             Some(python) => Some(
@@ -61,7 +65,14 @@ impl Dispatcher {
             take_over: None,
         };
         let session = self.engine.create_session(options).await?;
-        self.register(&session, Some(&asked_limits)).await?;
+        match self.register(&session, Some(&asked_limits)).await {
+            Ok(()) => {}
+            // Another node registered the name first: its session is the one.
+            Err(ClusterError::NameTaken { session_id, .. }) if !session_id.is_empty() => {
+                return self.attach_in_cluster(at, session_id).await
+            }
+            Err(err) => return Err(err.into()),
+        }
         let (pid, python_version) = match session.pid() {
             Some(pid) => (Some(pid), session.python_version().map(str::to_owned)),
             None => {
@@ -313,7 +324,7 @@ impl Dispatcher {
                     }
                     let _ = done.clone().close().await;
                 }
-                return Err(err);
+                return Err(err.into());
             }
         }
         let sessions = forked

@@ -7,6 +7,8 @@
 //! started fails the test with the reason. The server is stopped, and its directory removed,
 //! when the test binary exits.
 
+#![allow(dead_code)] // the cluster tests and the cluster bench each use their own part
+
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -59,6 +61,66 @@ impl Database {
         connect(&self.config())
             .await
             .expect("connect to the test database")
+    }
+}
+
+/// A way to the server's socket that a test can cut, as a network cut would: the link a
+/// [`Database::through_link`] connects by.
+pub struct Link {
+    socket: PathBuf,
+    link: PathBuf,
+}
+
+impl Link {
+    /// Cuts the way: no new connection, and the open ones of the nodes (`application_name`
+    /// `pyvisor`) to `db` ended.
+    pub async fn cut(&self, db: &Database) {
+        std::fs::remove_file(&self.link).expect("cut the link");
+        db.connect()
+            .await
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE datname = $1 AND application_name = 'pyvisor'",
+                &[&db.name],
+            )
+            .await
+            .expect("end the node's connections");
+    }
+
+    /// Opens the way again.
+    pub fn restore(&self) {
+        std::os::unix::fs::symlink(&self.socket, &self.link).expect("restore the link");
+    }
+}
+
+impl Database {
+    /// This database reached through a link to the server's socket made in `dir`, and the
+    /// link.
+    pub fn through_link(&self, dir: &std::path::Path) -> (Database, Link) {
+        std::fs::create_dir_all(dir).expect("the link's dir");
+        let link = Link {
+            socket: self.socket_dir.join(".s.PGSQL.5432"),
+            link: dir.join(".s.PGSQL.5432"),
+        };
+        link.restore();
+        let linked = Database {
+            socket_dir: dir.to_owned(),
+            name: self.name.clone(),
+        };
+        (linked, link)
+    }
+}
+
+/// Polls `check` until it holds, up to 60 s; panics with `what` otherwise.
+pub async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
