@@ -18,6 +18,7 @@ mod client;
 mod client_llm;
 mod cluster;
 mod cluster_haproxy;
+mod cluster_memory;
 mod config_check;
 mod daemon_cli;
 mod docs;

@@ -5,9 +5,8 @@
 //! leaves its executions working while the memory says it lost its store. And the store
 //! itself, as two engines share it: ids apart, each sees the other's rows only, counts add up.
 
-mod common;
-#[path = "common/postgres.rs"]
-mod postgres;
+use crate::common;
+use crate::common::postgres;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
