@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use pyvisor_actors::proactive::predict::offline::{load, repository, TraceCell};
 use pyvisor_actors::proactive::predict::{
-    evaluate, Coverage, Learned, Limits, Table, TableBuilder,
+    evaluate, Coverage, Learned, Limits, SessionModel, Table, TableBuilder,
 };
 
 /// Guesses speculated per idle gap, whose outcomes are recorded.
@@ -28,11 +28,13 @@ fn main() -> ExitCode {
     let mut ks: Vec<usize> = vec![10, 30, 60];
     let mut show_misses = 0;
     let mut folds = 0usize;
+    let mut explain: Option<String> = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--table" => table_path = args.next().map(PathBuf::from),
             "--hold-out" => hold_out = list(args.next()),
             "--folds" => folds = args.next().and_then(|n| n.parse().ok()).unwrap_or(0),
+            "--explain" => explain = args.next(),
             "--misses" => show_misses = args.next().and_then(|n| n.parse().ok()).unwrap_or(0),
             "--k" => {
                 ks = list(args.next())
@@ -51,6 +53,9 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(&format!("failed to read {}: {e}", input.display())),
     };
+    if let Some(at) = explain {
+        return explain_cell(&sequences, &at);
+    }
     if folds > 1 {
         let folded = cross_validate(&sequences, folds, &ks);
         report(&format!("{folds}-fold by repository"), &folded, &ks);
@@ -176,6 +181,64 @@ fn show(coverage: &Coverage, misses: usize) {
     }
 }
 
+/// Prints the top guesses before cell `SEQUENCE:INDEX`, with a table learned from the other
+/// repositories, and the facts of the objects the session holds.
+fn explain_cell(sequences: &[Vec<TraceCell>], at: &str) -> ExitCode {
+    let Some((name, index)) = at
+        .rsplit_once(':')
+        .and_then(|(n, i)| Some((n, i.parse::<usize>().ok()?)))
+    else {
+        return usage("--explain takes SEQUENCE:INDEX");
+    };
+    let Some(cells) = sequences
+        .iter()
+        .find(|c| c.first().is_some_and(|c| c.sequence == name))
+    else {
+        return usage(&format!("no sequence {name}"));
+    };
+    let limits = Limits::default();
+    let mut builder = TableBuilder::new();
+    for other in sequences
+        .iter()
+        .filter(|c| c.first().map(|c| repository(&c.sequence)) != Some(repository(name)))
+    {
+        builder.add_sequence(other, limits.ranks);
+    }
+    let table = builder.build(&limits);
+    let mut model = SessionModel::new();
+    for cell in cells.iter().take(index) {
+        model.observe(&cell.code, &cell.facts, cell.ok());
+    }
+    for name in model.recent_objects() {
+        if let Some(object) = model.object(name) {
+            let columns: Vec<String> = object
+                .columns
+                .iter()
+                .map(|c| format!("{}:{}:{}", c.name, c.dtype, c.distinct))
+                .collect();
+            println!(
+                "object {name} {} {:?} [{}]",
+                object.kind,
+                object.shape,
+                columns.join(" ")
+            );
+        }
+    }
+    for guess in model.predict(&table, &Learned::new(), 60) {
+        println!(
+            "{:.4} {:<9} {:<40} {}",
+            guess.probability,
+            guess.source.as_str(),
+            guess.template,
+            guess.code
+        );
+    }
+    if let Some(cell) = cells.get(index) {
+        println!(">>> {}", cell.code);
+    }
+    ExitCode::SUCCESS
+}
+
 fn list(arg: Option<String>) -> Vec<String> {
     arg.unwrap_or_default()
         .split(',')
@@ -186,6 +249,6 @@ fn list(arg: Option<String>) -> Vec<String> {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!("predict_offline: {problem}");
-    eprintln!("usage: predict_offline FACTS.jsonl|SEQUENCES_DIR [--hold-out REPO,...] [--k 10,30,60] [--table TABLE.json] [--misses N] [--folds N]");
+    eprintln!("usage: predict_offline FACTS.jsonl|SEQUENCES_DIR [--hold-out REPO,...] [--k 10,30,60] [--table TABLE.json] [--misses N] [--folds N] [--explain SEQUENCE:INDEX]");
     ExitCode::from(2)
 }

@@ -4,14 +4,14 @@
 
 use std::collections::HashMap;
 
-use super::chain::{drop_key, drop_key_general, join, kept_columns, split};
+use super::chain::{drop_key, drop_key_general, drop_key_shape, join, kept_columns, split};
 use super::learned::Learned;
 use super::model::{column_class, Context, SessionModel};
 use super::normal::render;
 use super::normal::{normalise, single_expression};
 use super::prediction::{Prediction, Source};
 use super::syntax::assigned;
-use super::table::{Followers, Table};
+use super::table::Table;
 use super::template::{
     absolute, attribute_columns, instantiate, instantiate_tokens, slots, Filling, Slot,
 };
@@ -262,13 +262,19 @@ impl SessionModel {
             let Some(general) = table.chain.get(&drop_key_general(n - keep)) else {
                 continue;
             };
+            // Backing off from the dropped trailers as written to their shape, then to
+            // any trailers.
             let specific = table.chain.get(&drop_key(&chain, n - keep, &scope));
-            let weight = specific.map_or(0.0, Followers::weight);
+            let shape = table.chain.get(&drop_key_shape(&chain, n - keep));
+            let mut levels = Vec::new();
+            let mut mass = 1.0;
+            for followers in [specific, shape].into_iter().flatten() {
+                levels.push((followers, mass * followers.weight()));
+                mass *= 1.0 - followers.weight();
+            }
+            levels.push((general, mass));
             let mut guesses: HashMap<&str, f64> = HashMap::new();
-            for (followers, share) in [(specific, weight), (Some(general), 1.0 - weight)] {
-                let Some(followers) = followers else {
-                    continue;
-                };
+            for (followers, share) in levels {
                 let total = f64::from(followers.total.max(1));
                 for (rel, count) in &followers.top {
                     *guesses.entry(rel.as_str()).or_default() += share * f64::from(*count) / total;

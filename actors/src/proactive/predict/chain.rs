@@ -1,8 +1,12 @@
 //! Method chains: a single expression seen as an object and its trailers (`df[df.a > 3]`
 //! `.sort_values('b')` `.head()`), so that what follows a cell can be learned as "keep its
 //! first trailers, drop the last ones, add these": `df[df.a > 3]` then `df[df.a > 3].shape`,
-//! `s.mean()` then `s.median()`, whatever the filter or the object.
+//! `s.mean()` then `s.median()`, whatever the filter or the object. What follows dropping
+//! trailers is learned at three levels: the trailers as written, their shape (every name and
+//! literal generalised), and their number only.
 
+use super::normal::render;
+use super::syntax::is_keyword;
 use super::template::{abstract_tokens, relative, Scope};
 use super::tokens::{Kind, Token};
 
@@ -109,6 +113,32 @@ pub fn drop_key(chain: &Chain, drop: usize, scope: &Scope) -> String {
     format!("-{drop}:{}", dropped.context)
 }
 
+/// The key of the same context one level more general: the dropped trailers with every
+/// name, string and number generalised (`.max()` and `.median()` both give `-1~._()`), so
+/// that what follows one reduction is learned from what followed any other.
+pub fn drop_key_shape(chain: &Chain, drop: usize) -> String {
+    let from = chain.trailers.len() - drop;
+    let shape: Vec<Token> = chain
+        .suffix(from)
+        .into_iter()
+        .map(|t| match t.kind {
+            Kind::Name if !is_keyword(&t.text) => general_token(Kind::Name, "_"),
+            Kind::Str => general_token(Kind::Slot, "$s"),
+            Kind::Number => general_token(Kind::Slot, "$n"),
+            _ => t,
+        })
+        .collect();
+    format!("-{drop}~{}", render(&shape))
+}
+
+fn general_token(kind: Kind, text: &str) -> Token {
+    Token {
+        kind,
+        text: text.to_string(),
+        value: None,
+    }
+}
+
 /// The general key of dropping `drop` trailers.
 pub fn drop_key_general(drop: usize) -> String {
     format!("-{drop}:*")
@@ -144,7 +174,6 @@ pub fn join(chain: &Chain, keep: usize, suffix: Vec<Token>) -> Vec<Token> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::normal::render;
     use super::super::tokens::tokenize;
     use super::*;
 
@@ -189,6 +218,8 @@ mod tests {
         let next = chain("df['a'].median()");
         assert_eq!(added(&prev, 1, &next, &s).as_deref(), Some(".median()"));
         assert_eq!(drop_key(&prev, 1, &s), "-1:.mean()");
+        assert_eq!(drop_key_shape(&prev, 1), drop_key_shape(&next, 1));
+        assert_eq!(drop_key_shape(&chain("df.head(3)"), 1), "-1~._($n)");
         assert_eq!(added(&prev, 2, &next, &s), None);
         let suffix = tokenize(".median()").expect("tokenizes");
         assert_eq!(render(&join(&prev, 1, suffix)), "df['a'].median()");

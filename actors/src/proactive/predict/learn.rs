@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::chain::{added, drop_key, drop_key_general, split};
+use super::chain::{added, drop_key, drop_key_general, drop_key_shape, split};
 use super::model::{column_class, SessionModel};
 use super::normal::{is_single_expression, normalise};
 use super::offline::TraceCell;
@@ -250,6 +250,7 @@ impl TableBuilder {
                 .map(|(_, rel)| subscript_columns(rel));
             for key in [
                 drop_key(&prev, n - keep, &scope),
+                drop_key_shape(&prev, n - keep),
                 drop_key_general(n - keep),
             ] {
                 self.chain.add(&key, rel.as_deref(), true);

@@ -4,7 +4,7 @@
 
 use pyvisor_protocol::messages::{CellFacts, ColumnSummary, ObjectSummary};
 
-use super::{Learned, Prediction, SessionModel, Source, Table};
+use super::{Followers, Learned, Prediction, SessionModel, Source, Table};
 
 /// A string-labelled column without nulls.
 pub(super) fn column(name: &str, dtype: &str, distinct: u64) -> ColumnSummary {
@@ -178,4 +178,30 @@ fn forgetting_drops_the_objects_but_keeps_the_history() {
         "no inspections of objects the restored namespace may not hold: {:?}",
         codes(&predictions)
     );
+}
+
+#[test]
+fn a_reduction_is_followed_by_what_followed_any_reduction() {
+    let mut model = loaded();
+    model.observe("sales.price.max()", &facts(&[], vec![]), true);
+    let followers = |top: &[(&str, u32)]| Followers {
+        total: top.iter().map(|(_, n)| n).sum(),
+        distinct: top.len() as u32,
+        top: top.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+    };
+    let mut table = Table::default();
+    table
+        .chain
+        .insert("-1:*".to_string(), followers(&[(".head()", 5)]));
+    let guessed = |table: &Table| {
+        let predictions = model.predict(table, &Learned::new(), 30);
+        codes(&predictions).contains(&"sales.price.median()")
+    };
+    assert!(!guessed(&table), "no reduction was ever seen to follow one");
+    // Nothing is known to follow `.max()` itself, but other calls without arguments (its
+    // shape, `._()`) were followed by `.median()`.
+    table
+        .chain
+        .insert("-1~._()".to_string(), followers(&[(".median()", 3)]));
+    assert!(guessed(&table));
 }

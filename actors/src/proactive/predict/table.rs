@@ -74,7 +74,9 @@ pub struct Table {
     #[serde(default)]
     pub history: BTreeMap<String, Rate>,
     /// Chain contexts (the last cell with its last trailers dropped, see `chain.rs`) to the
-    /// trailers the next cell added, relative to the kept part.
+    /// trailers the next cell added, relative to the kept part: keyed by the dropped
+    /// trailers as written (`-1:.max()`), by their shape (`-1~._()`) and by their number
+    /// only (`-1:*`).
     #[serde(default)]
     pub chain: BTreeMap<String, Followers>,
     /// How often a column was accessed as an attribute (`df.a`) rather than a subscript.
