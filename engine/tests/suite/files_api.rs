@@ -4,6 +4,8 @@
 //! absolute, a symlink to /etc, a symlink swapped in while the client reads), the size and
 //! disk limits, and owners that cannot reach each other's files.
 
+use crate::common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,8 +13,8 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use pyvisor::rpc::{code, Caller, Dispatcher, Outbound};
-use pyvisor::server::http::{HttpAccess, HttpOptions, HttpServer, OwnerToken};
-use pyvisor::{Engine, EngineConfig, PoolConfig, SandboxConfig, SessionLimits, StateConfig};
+use pyvisor::server::http::{HttpAccess, HttpOptions, HttpServer};
+use pyvisor::{Engine, EngineConfig, SandboxConfig, SessionLimits};
 use serde_json::{json, Value};
 
 /// An interpreter every session uid can run (the test's own may live under /root, 0700).
@@ -33,36 +35,20 @@ async fn start(first_uid: u32) -> Server {
         nix::unistd::geteuid().is_root(),
         "the files API is tested as root with uid separation, as CI runs"
     );
-    let state = tempfile::Builder::new()
-        .prefix("pyvisor-test-state-")
-        .tempdir()
-        .expect("a temporary directory")
-        .keep();
+    let state = common::state_dir();
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o711)).unwrap();
     let config = EngineConfig {
         python: PYTHON.into(),
-        pool: PoolConfig {
-            min_idle: 1,
-            max_idle: 2,
-            ..Default::default()
-        },
         sandbox: SandboxConfig {
             uid_range: Some(first_uid..=first_uid + 9),
             landlock: true,
             ..SandboxConfig::default()
         },
-        state: StateConfig {
-            dir: Some(state),
-            ..Default::default()
-        },
-        ..Default::default()
+        ..common::small_engine_config(state)
     };
     let engine = Engine::start(config).await.expect("engine starts");
     let dispatcher = Dispatcher::new(engine.clone(), SessionLimits::default());
-    let owner = |owner: &str, token: &str| OwnerToken {
-        owner: owner.into(),
-        token: token.into(),
-    };
+    let owner = common::owner_token;
     let options = HttpOptions {
         addr: "127.0.0.1:0".parse().unwrap(),
         token: None,

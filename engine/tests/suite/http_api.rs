@@ -1,6 +1,8 @@
 //! The HTTP server of docs/protocol.md (HTTP) against a real engine with real Python workers, over real
 //! HTTP and WebSocket connections on 127.0.0.1.
 
+use crate::common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -11,7 +13,7 @@ use futures::{Sink, SinkExt, Stream, StreamExt};
 use metrics_exporter_prometheus::PrometheusHandle;
 use pyvisor::rpc::Dispatcher;
 use pyvisor::server::http::{install_prometheus, HttpAccess, HttpOptions, HttpServer};
-use pyvisor::{Engine, EngineConfig, PoolConfig, SessionLimits, StateConfig};
+use pyvisor::{Engine, SessionLimits};
 use pyvisor_actors::metrics as names;
 use serde_json::{json, Value};
 
@@ -42,23 +44,7 @@ async fn start() -> Server {
 
 async fn start_with(token: Option<&'static str>) -> Server {
     let metrics = prometheus();
-    let state_dir = tempfile::Builder::new()
-        .prefix("pyvisor-test-state-")
-        .tempdir()
-        .expect("a temporary directory")
-        .keep();
-    let config = EngineConfig {
-        pool: PoolConfig {
-            min_idle: 1,
-            max_idle: 2,
-            ..Default::default()
-        },
-        state: StateConfig {
-            dir: Some(state_dir),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let config = common::small_engine_config(common::state_dir());
     let engine = Engine::start(config).await.expect("engine starts");
     let dispatcher = Dispatcher::new(engine.clone(), SessionLimits::default());
     let ready = Arc::new(AtomicBool::new(false));

@@ -3,6 +3,8 @@
 //! Origin, `text/plain` bodies), DNS rebinding (foreign Host), a slow client trickling its
 //! body or headers, a non-loopback bind without a token, and a token file others could read.
 
+use crate::common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
@@ -14,7 +16,7 @@ use awc::ws;
 use futures::{SinkExt, StreamExt};
 use pyvisor::config::{LoadContext, Settings};
 use pyvisor::rpc::Dispatcher;
-use pyvisor::server::http::{HttpAccess, HttpOptions, HttpServer, OwnerToken};
+use pyvisor::server::http::{HttpAccess, HttpOptions, HttpServer};
 use pyvisor::{Engine, EngineConfig, PoolConfig, SessionLimits, StateConfig};
 use serde_json::{json, Value};
 
@@ -30,25 +32,10 @@ struct Server {
 }
 
 async fn start() -> Server {
-    let state = tempfile::tempdir().unwrap().keep();
-    let config = EngineConfig {
-        pool: PoolConfig {
-            min_idle: 1,
-            max_idle: 2,
-            ..PoolConfig::default()
-        },
-        state: StateConfig {
-            dir: Some(state),
-            ..StateConfig::default()
-        },
-        ..EngineConfig::default()
-    };
+    let config = common::small_engine_config(common::state_dir());
     let engine = Engine::start(config).await.expect("the engine starts");
     let dispatcher = Dispatcher::new(engine.clone(), SessionLimits::default());
-    let owner = |owner: &str, token: &str| OwnerToken {
-        owner: owner.into(),
-        token: token.into(),
-    };
+    let owner = common::owner_token;
     let options = HttpOptions {
         addr: "127.0.0.1:0".parse().unwrap(),
         token: Some(ADMIN.into()),

@@ -311,3 +311,37 @@ pub async fn http_get(port: u16, path: &str, token: Option<&str>) -> (u16, Strin
         .unwrap_or_default();
     (status, body)
 }
+
+/// Settings of an engine for the in-process HTTP tests: a pool of one or two warm workers and
+/// `state` as its state directory.
+pub fn small_engine_config(state: PathBuf) -> pyvisor::EngineConfig {
+    pyvisor::EngineConfig {
+        pool: pyvisor::PoolConfig {
+            min_idle: 1,
+            max_idle: 2,
+            ..Default::default()
+        },
+        state: pyvisor::StateConfig {
+            dir: Some(state),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A new state directory, kept after the test (workers may still write to it as it ends).
+pub fn state_dir() -> PathBuf {
+    tempfile::Builder::new()
+        .prefix("pyvisor-test-state-")
+        .tempdir()
+        .expect("a temporary directory")
+        .keep()
+}
+
+/// The bearer token `token` of `owner`.
+pub fn owner_token(owner: &str, token: &str) -> pyvisor::server::http::OwnerToken {
+    pyvisor::server::http::OwnerToken {
+        owner: owner.into(),
+        token: token.into(),
+    }
+}
