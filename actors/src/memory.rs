@@ -16,6 +16,7 @@ mod detect;
 mod embed;
 mod follow;
 mod index;
+mod loading;
 mod normalize;
 mod policy;
 mod statements;
