@@ -47,7 +47,7 @@ PATH="$PWD/$venv/bin:$PATH"
 export PATH
 phase_done "the Python environment"
 
-# The cluster tests (engine/tests/suite/cluster.rs, engine/tests/suite/cluster_haproxy.rs) start their
+# The cluster tests (engine/tests/suite/cluster.rs, engine/tests/cluster_haproxy.rs) start their
 # own throwaway PostgreSQL and HAProxy from Debian's packages; as root this installs them and
 # the user PostgreSQL runs as (it refuses root). Otherwise the caller needs them installed.
 bash scripts/cluster-packages.sh
