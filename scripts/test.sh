@@ -47,9 +47,9 @@ PATH="$PWD/$venv/bin:$PATH"
 export PATH
 phase_done "the Python environment"
 
-# The cluster tests (engine/tests/suite/cluster.rs, engine/tests/cluster_haproxy.rs) start their
-# own throwaway PostgreSQL and HAProxy from Debian's packages; as root this installs them and
-# the user PostgreSQL runs as (it refuses root). Otherwise the caller needs them installed.
+# The cluster tests (engine/tests/suite/cluster*.rs) start their own throwaway PostgreSQL
+# and HAProxy from Debian's packages; as root this installs them and the user PostgreSQL
+# runs as (it refuses root). Otherwise the caller needs them installed.
 bash scripts/cluster-packages.sh
 phase_done "the Debian packages"
 

@@ -1,9 +1,6 @@
 //! The daemon, CLI and client tests: each module starts real `pyvisor` processes (or an
 //! in-process server) with real Python workers behind them, and talks to them over their
-//! socket, HTTP or the CLI. One test binary, so that a clean build links it once. The
-//! cluster behind HAProxy (`engine/tests/cluster_haproxy.rs`) keeps a binary of its own: in
-//! this one, beside the other tests, its script once did not stop on Ctrl-C within a minute
-//! (CI, 2026-11-26), which is not explained yet.
+//! socket, HTTP or the CLI. One test binary, so that a clean build links it once.
 //!
 //! Run one area with `cargo test -p pyvisor --test suite cluster::`.
 
@@ -20,6 +17,7 @@ mod cli_task;
 mod client;
 mod client_llm;
 mod cluster;
+mod cluster_haproxy;
 mod cluster_memory;
 mod config_check;
 mod daemon_cli;

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -31,14 +32,24 @@ impl Cluster {
     fn start() -> Cluster {
         let base = free_port_block(4);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster/run.sh");
-        let mut child = Command::new("bash")
+        let mut command = Command::new("bash");
+        command
             .arg(script)
             .env("PYVISOR", env!("CARGO_BIN_EXE_pyvisor"))
             .env("PYVISOR_CLUSTER_PORT", base.to_string())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("run examples/cluster/run.sh");
+            .stderr(Stdio::inherit());
+        // The script gets Ctrl-C as a terminal gives it. A suite started in the background
+        // (`cmd &` in a script) ignores SIGINT, children inherit that, and a shell cannot
+        // trap a signal ignored when it started: run.sh would never see the test's Ctrl-C.
+        // SAFETY: between fork and exec, only signal(2), which is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().expect("run examples/cluster/run.sh");
         let stdout = child.stdout.take().expect("piped stdout");
         let (lines, printed) = mpsc::channel();
         std::thread::spawn(move || {
