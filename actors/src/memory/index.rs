@@ -9,9 +9,8 @@
 //! A session that runs the same code again and again (a polling loop, a harness's `x += 1`)
 //! would fill the index with copies of one success. Such a repeat folds into the session's
 //! latest success row of that code, which counts it, as long as no failure of the owner came
-//! after that row:
-//! checks weigh a row by its count, so what they conclude is the same, and the index grows
-//! with what the owner did differently, not with how often.
+//! after that row: checks weigh a row by its count, so what they conclude is the same, and
+//! the index grows with what the owner did differently, not with how often.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -43,16 +42,10 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    /// Whether another success with this code in this session may fold into this row: it is
-    /// a plain success (no follow-up of a failure, no client metadata) of the same code.
-    fn takes_repeat_of(&self, other: &Entry) -> bool {
-        self.code == other.code
-            && self.session == other.session
-            && self.pattern.is_none()
-            && self.fix.is_none()
-            && self.approach.is_none()
-            && other.fix.is_none()
-            && other.approach.is_none()
+    /// A success that may fold, or be folded into: no follow-up of a failure, no client
+    /// metadata (both are shown to users, one row each).
+    fn is_plain(&self) -> bool {
+        self.fix.is_none() && self.approach.is_none()
     }
 }
 
@@ -179,7 +172,7 @@ pub(crate) struct Index {
     shelves: HashMap<Arc<str>, Shelf>,
     /// (id, time in ms, owner, is a failure) of every row, oldest first.
     order: VecDeque<(i64, i64, Arc<str>, bool)>,
-    /// Each live session's latest success row per code: where its repeats fold.
+    /// Each live session's latest plain success row per code: where its repeats fold.
     fold_targets: HashMap<Arc<str>, FoldTargets>,
 }
 
@@ -248,9 +241,10 @@ impl Index {
         debug_assert_eq!(vector.len(), self.dims);
         if failure {
             self.fold_targets.remove(&entry.session);
-        } else if self.fold_repeat(owner, &entry) {
-            return;
-        } else {
+        } else if entry.is_plain() {
+            if self.fold_repeat(owner, &entry) {
+                return;
+            }
             let targets = self
                 .fold_targets
                 .entry(entry.session.clone())
@@ -274,8 +268,9 @@ impl Index {
         rows.push(vector, calls, entry);
     }
 
-    /// Counts `entry` on its session's latest success row of the same code when no failure
-    /// of the owner came since (what worked after a failure is looked for after it by id).
+    /// Counts the plain success `entry` on its session's latest plain success row of the same
+    /// code when no failure of the owner came since (what worked after a failure is looked for
+    /// after it by id).
     fn fold_repeat(&mut self, owner: &Arc<str>, entry: &Entry) -> bool {
         let Some(targets) = self.fold_targets.get(&entry.session) else {
             return false;
@@ -298,11 +293,11 @@ impl Index {
             return false;
         }
         match shelf.successes.find_mut(last_id) {
-            Some(row) if row.takes_repeat_of(entry) => {
+            Some(row) => {
                 row.repeats = row.repeats.saturating_add(1);
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
