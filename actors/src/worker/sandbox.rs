@@ -9,8 +9,10 @@
 //! The kernel drops a dead engine's claims; the next engine to claim such a uid kills what
 //! still runs under it first. When the worker ends, every process still running under its uid
 //! is killed (a short-lived helper becomes that uid and signals -1) before the uid goes back
-//! to the free set, so that no survivor of one session shares a uid with the next. The worker's directories (`work`, the default working directory, and `tmp`,
-//! its TMPDIR, HOME and MPLCONFIGDIR) are 0700 and owned by its uid, and are removed with it.
+//! to the free set, so that no survivor of one session shares a uid with the next.
+//!
+//! The worker's directories (`work`, the default working directory, and `tmp`, its TMPDIR,
+//! HOME and MPLCONFIGDIR) are 0700 and owned by its uid, and are removed with it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, DirBuilder, File, OpenOptions};
@@ -309,19 +311,20 @@ impl UidPool {
     /// holder died without giving it back is swept before it is handed out.
     fn lease(&self) -> Result<u32, SpawnError> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let candidates: Vec<u32> = state.free.iter().copied().collect();
-        for uid in candidates {
-            let Some(claim) = self.claim(uid)? else {
-                continue;
-            };
-            state.free.remove(&uid);
-            state.held.insert(uid, claim);
-            return Ok(uid);
+        let mut claimed = None;
+        for &uid in &state.free {
+            if let Some(claim) = self.claim(uid)? {
+                claimed = Some((uid, claim));
+                break;
+            }
         }
-        Err(SpawnError::UidsExhausted {
+        let (uid, claim) = claimed.ok_or(SpawnError::UidsExhausted {
             first: *self.range.start(),
             last: *self.range.end(),
-        })
+        })?;
+        state.free.remove(&uid);
+        state.held.insert(uid, claim);
+        Ok(uid)
     }
 
     /// Locks `uid`'s claim file; `None` when another engine holds it. The file holds the
