@@ -60,10 +60,7 @@ impl Server {
     }
 
     fn client(&self, token: &str) -> awc::Client {
-        awc::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .bearer_auth(token)
-            .finish()
+        common::bearer_client(token)
     }
 
     /// `method path` with `token` and a JSON body (none for GET and DELETE).

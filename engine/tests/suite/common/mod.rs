@@ -345,3 +345,11 @@ pub fn owner_token(owner: &str, token: &str) -> pyvisor::server::http::OwnerToke
         token: token.into(),
     }
 }
+
+/// An HTTP client that sends `token` as its bearer token, with a minute's timeout.
+pub fn bearer_client(token: &str) -> awc::Client {
+    awc::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .bearer_auth(token)
+        .finish()
+}
