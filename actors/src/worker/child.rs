@@ -7,7 +7,7 @@
 //! glibc's malloc is told to ask for transparent huge pages for the large blocks it maps
 //! ([`MALLOC_TUNABLES`]): a worker forks for every checkpoint, speculation and clone, and a
 //! fork copies the page table of the whole namespace; for 400 MB of 4 KiB pages that is
-//! 100,000 entries (16-60 ms here), for 2 MiB pages 200 (about 1.5 ms). A page written after
+//! 100,000 entries (16-70 ms on this VM), for 2 MiB pages 200 (about 1 ms). A page written after
 //! a fork is still copied 4 KiB at a time. numpy already asks for huge pages for its arrays.
 
 use std::io;
