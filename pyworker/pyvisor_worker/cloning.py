@@ -17,14 +17,19 @@ then the clone runs nothing; end of file instead (the host gave up) makes it exi
 The clone moves its ends onto fds 1 to 4, forgets what belonged to the source (the requests
 queued for it, its speculation child, a held write lock), closes the host's ends once started
 and says hello as a new worker does; from there on it is a worker like any other. The
-source stays the clone's parent: a thread of the source waits for each clone, so that a
-clone closed or killed does not stay behind as a zombie counted against the source. Only the
+source stays the clone's parent: one thread of the source (the reaper, started at the first
+fork) waits for every clone, so that a clone closed or killed does not stay behind as a
+zombie counted against the source. The reaper learns of new clones only after the reply has
+gone: starting a thread, or waking one, in the middle of a fork makes the main thread wait
+for the GIL behind it, which cost a fork up to 20 ms on a busy machine. Only the
 thread that forked exists in a clone: threads of the session's code do not survive, and when
 the source had any, the clone's first execution says so on its stderr. Open files stay open
 in both, sharing their offsets; the working directory is the source's.
 """
 
+import collections
 import os
+import select
 import sys
 import threading
 
@@ -39,25 +44,31 @@ def user_threads():
 
 
 def fork(request, hello, serve):
-    """Serve a fork request; the reply. A clone runs `hello()` then `serve()` and never
+    """Serve a fork request, replying to it. A clone runs `hello()` then `serve()` and never
     returns here."""
     request_id, count = request.get("id"), request.get("count")
     if type(count) is not int or not 1 <= count <= 16:
         raise TypeError("fork request %r needs a count from 1 to 16" % (request_id,))
     threads = len(user_threads())
-    clones, error = [], None
+    clones, watched, error = [], [], None
     for _ in range(count):
         try:
-            clones.append(_fork_one(threads, hello, serve))
+            clone, pidfd = _fork_one(threads, hello, serve)
         except OSError as exc:
             error = "fork: %s" % (exc,)
             break
-    return {"type": "forked", "id": request_id, "clones": clones, "threads": threads,
-            "error": error}
+        clones.append(clone)
+        watched.append((clone["pid"], pidfd))
+    try:
+        protocol.send({"type": "forked", "id": request_id, "clones": clones,
+                       "threads": threads, "error": error})
+    finally:
+        _reaper.watch(watched)
 
 
 def _fork_one(threads, hello, serve):
-    """Fork one clone; what the host needs to know of it."""
+    """Fork one clone; what the host needs to know of it, and a pidfd of it (None where the
+    kernel has none)."""
     pipes = [os.pipe() for _ in range(4)]  # stdout, stderr, requests, replies: (read, write)
     try:
         pid = execution.fork()
@@ -73,28 +84,107 @@ def _fork_one(threads, hello, serve):
                           hello, serve)
         finally:
             os._exit(1)
+    pidfd = _reaper.open(pid)  # at once: nothing can have waited for the clone yet
     try:
         os.setpgid(pid, pid)  # the group exists before the host hears of it
     except OSError:
         pass  # the child made it already, or died: the host finds out
-    protocol.start_thread(_reap, pid)
     for read, write in pipes:
         os.close(read)
         os.close(write)
-    return {"pid": pid, "stdout": out_r, "stderr": err_r, "requests": req_w, "replies": rep_r}
+    clone = {"pid": pid, "stdout": out_r, "stderr": err_r, "requests": req_w, "replies": rep_r}
+    return clone, pidfd
 
 
-def _reap(pid):
-    """Thread of the source: wait for the clone `pid` to end (closed, or killed)."""
+class _Reaper:
+    """The source's thread that waits for its clones to end (closed, or killed).
+
+    It polls a pidfd per clone and a wake pipe; `watch` hands it new clones. A pidfd names
+    one process, so a clone that the session's own code waited for (os.wait()) is never
+    confused with a later child that got its pid. A clone without a pidfd (Linux before 5.3)
+    gets a waiting thread of its own instead.
+    """
+
+    def __init__(self):
+        self.arrived = collections.deque()  # (pid, pidfd), from the main thread to the reaper
+        self.wake = None  # (read, write) ends of the pipe that wakes the reaper
+        self.pidfds = set()  # every pidfd open, so that a clone can close its source's
+
+    def open(self, pid):
+        """A pidfd of the child `pid`, or None where the kernel has none."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        self.pidfds.add(pidfd)
+        return pidfd
+
+    def watch(self, clones):
+        """Wait from now on for `clones`, (pid, pidfd or None) of clones just forked."""
+        for pid, pidfd in clones:
+            if pidfd is None:
+                protocol.start_thread(_wait_for, pid)
+            else:
+                self.arrived.append((pid, pidfd))
+        if not self.arrived:
+            return
+        if self.wake is None:
+            self.wake = os.pipe()
+            protocol.start_thread(self._serve, self.wake[0])
+        os.write(self.wake[1], b"+")
+
+    def forget_in_clone(self):
+        """In a clone: the source's reaper, its pipe and its pidfds of the clone's siblings
+        are not the clone's (threads do not survive a fork); the clone starts a reaper of its
+        own at its first fork."""
+        for fd in (self.wake or ()) + tuple(self.pidfds):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.__init__()
+
+    def _serve(self, wake):
+        poller = select.poll()
+        poller.register(wake, select.POLLIN)
+        pids = {}  # pidfd -> pid
+        while True:
+            for fd, _ in poller.poll():
+                if fd == wake:
+                    os.read(wake, 512)
+                    while self.arrived:
+                        pid, pidfd = self.arrived.popleft()
+                        pids[pidfd] = pid
+                        poller.register(pidfd, select.POLLIN)
+                    continue
+                pid = pids.pop(fd)
+                poller.unregister(fd)
+                try:
+                    os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
+                except ChildProcessError:
+                    pass  # the session's own code waited for it (os.wait())
+                except OSError:  # Linux 5.3 has pidfds but cannot wait on them
+                    _wait_for(pid)
+                finally:
+                    self.pidfds.discard(fd)
+                    os.close(fd)
+
+
+def _wait_for(pid):
+    """Wait for the clone `pid` to end, where it has no pidfd to wait on."""
     try:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass  # the session's own code waited for it (os.wait())
 
 
+_reaper = _Reaper()
+
+
 def _become_clone(ours, hosts, threads, hello, serve):
     """In the child: take the new pipes, wait for the start frame, and serve as a worker."""
     os.setpgid(0, 0)
+    _reaper.forget_in_clone()
     for fd, target in zip(ours, (1, 2, protocol.REQUEST_FD, protocol.REPLY_FD)):
         os.dup2(fd, target, inheritable=target < protocol.REQUEST_FD)
         os.close(fd)

@@ -113,7 +113,7 @@ def _serve():
             elif kind == "complete":
                 reply = completion.complete(request)
             elif kind == "fork":
-                reply = cloning.fork(request, _start_serving, _serve)
+                reply = cloning.fork(request, _start_serving, _serve)  # None: it replied
             else:
                 reply = restores.restore(request)
         except BaseException as exc:

@@ -3,8 +3,10 @@
 //! `cloning`). The host checks that the pid it was told of is that worker's child in a
 //! process group of its own (the message came from a process that session code controls),
 //! opens the host's ends of the child's pipes through `/proc/<pid>/fd` (refusing anything
-//! that is not a pipe), gives it a cgroup leaf of its own and registers its group with the
-//! janitor, and only then starts it; the clone then says hello like any new worker.
+//! that is not a pipe) and starts it; while the clone says hello like any new worker, the
+//! host gives it a cgroup leaf of its own and registers its group with the janitor. The
+//! session is made only once both are done, so no request reaches a clone not yet in its
+//! leaf; until then it is in its source's, with the source's limits.
 //!
 //! A clone keeps the uid of its source (taking another would need a capability that session
 //! code could use too), and so shares the source's [`Confinement`]: its uid lease and its
@@ -19,6 +21,7 @@ use pyvisor_protocol::{ForkedClone, HostMessage};
 use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
 
+use super::cgroup::CgroupLeaf;
 use super::exit::ExitSource;
 use super::pump::PumpPipes;
 use super::sandbox::Confinement;
@@ -47,12 +50,12 @@ impl Worker {
         check_lineage(pid, source_pid).map_err(failed)?;
         let adopted = async {
             let host = host_ends(pid, clone).map_err(failed)?;
-            let leaf = create_leaf(spec)?;
-            contain(spec, pid, leaf.as_ref())?;
             let (writer, events) = host.start(exit, spec.max_frame);
             writer
                 .send(&HostMessage::Start)
                 .map_err(|err| failed(format!("send the start frame: {err}")))?;
+            // Until it is in its own leaf the clone is in its source's, under the same limits.
+            let leaf = contain_clone(spec, pid).await?;
             let started = Spawned {
                 pid,
                 writer,
@@ -68,6 +71,21 @@ impl Worker {
         }
         adopted
     }
+}
+
+/// Makes the clone `pid` a cgroup leaf and moves it there, on a blocking thread while the
+/// clone says hello: on cgroup v1 the move waits for an RCU grace period (about 6 ms here,
+/// more on a busy machine), which must hold up neither the actor thread nor the handshake.
+async fn contain_clone(spec: &WorkerSpec, pid: u32) -> Result<Option<CgroupLeaf>, SpawnError> {
+    let spec = spec.clone();
+    let contained = tokio::task::spawn_blocking(move || {
+        let leaf = create_leaf(&spec)?;
+        contain(&spec, pid, leaf.as_ref())?;
+        Ok(leaf)
+    });
+    contained.await.map_err(|err| SpawnError::Handshake {
+        reason: format!("contain the clone {pid}: {err}"),
+    })?
 }
 
 /// Checks that `pid` is a child of `source_pid` that leads a process group of its own.

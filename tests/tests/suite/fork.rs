@@ -266,6 +266,23 @@ async fn closed_clones_leave_no_zombie_in_the_source() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A clone reaps its own clones: the source's reaper did not survive the fork into it.
+    let forked = within(source.fork(1, vec![])).await.unwrap();
+    let clone = &forked.sessions[0];
+    let clone_pid = clone.pid().expect("a clone's pid");
+    let grandchildren = within(clone.fork(2, vec![])).await.unwrap();
+    for grandchild in grandchildren.sessions {
+        grandchild.close().await.expect("the clone's clone closes");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !zombie_children(clone_pid).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "a clone never reaped its own closed clones"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(forked);
     // A clone killed by the host rather than closed is reaped too.
     let forked = within(source.fork(1, vec![])).await.unwrap();
     let clone_pid = forked.sessions[0].pid().expect("a clone's pid");
