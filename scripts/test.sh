@@ -57,6 +57,8 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 # The embedding API alone: no server, client or CLI (no actix-web, clap, rustyline).
 cargo clippy -p pyvisor --no-default-features --quiet -- -D warnings
+# An embedder that only talks to a daemon: the socket client without the server.
+cargo clippy -p pyvisor --no-default-features --features client --quiet -- -D warnings
 phase_done "fmt and clippy"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -1,17 +1,25 @@
-//! The `task.*` methods of docs/protocol.md: `task.run` (params: a [`TaskRequest`] and
-//! `stream`) runs an LLM task loop ([`Engine::run_task`]) and, with `stream: true`, sends each step as a `task.step`
-//! notification before the result; `task.cancel` ends a running task of the caller's scope.
+//! The `task.*` methods of docs/protocol.md: `task.run` (params: a
+//! [`TaskRequest`](crate::task::TaskRequest) and `stream`) runs an LLM task loop
+//! ([`Engine::run_task`](crate::Engine::run_task)) and, with `stream: true`, sends each step
+//! as a `task.step` notification before the result; `task.cancel` ends a running task of the
+//! caller's scope. The wire types are the client's too; serving the methods needs the
+//! `server` feature.
 
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
-use serde_json::Value;
+#[cfg(feature = "server")]
+use serde_json::{value::RawValue, Value};
+#[cfg(feature = "server")]
 use tokio::sync::mpsc;
 
-use super::errors::RpcError;
-use super::outbound::Outbound;
-use super::params::{decode, encode};
-use crate::task::{TaskMessage, TaskRequest};
-use crate::Engine;
+#[cfg(feature = "server")]
+use super::{
+    errors::RpcError,
+    outbound::Outbound,
+    params::{decode, encode},
+};
+use crate::task::TaskMessage;
+#[cfg(feature = "server")]
+use crate::{task::TaskRequest, Engine};
 
 /// Method names.
 pub const RUN: &str = "task.run";
@@ -41,6 +49,7 @@ pub struct StepNote {
 }
 
 /// Serves `method` (one of [`RUN`] and [`CANCEL`]) for a caller confined to `owner`.
+#[cfg(feature = "server")]
 pub async fn call(
     engine: &Engine,
     owner: Option<&str>,
