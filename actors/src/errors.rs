@@ -34,8 +34,12 @@ pub enum SpawnError {
     /// The zygote did not start, or could not fork a worker.
     #[error("use the zygote: {reason}")]
     Zygote { reason: String },
-    /// Every uid of the sandbox's range is leased to a live worker.
-    #[error("give the worker a uid: every uid of {first}-{last} is in use")]
+    /// Every uid of the sandbox's range is claimed by a live worker of this engine or of
+    /// another engine on the machine (uids are claimed machine-wide).
+    #[error(
+        "give the worker a uid: every uid of {first}-{last} is in use, by this engine's \
+         workers or by those of other pyvisor engines on this machine"
+    )]
     UidsExhausted { first: u32, last: u32 },
     /// The worker's confinement could not be prepared.
     #[error("confine the worker: {reason}")]
