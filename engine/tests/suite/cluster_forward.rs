@@ -174,18 +174,19 @@ async fn input_through_another_node_is_answered_by_its_client() {
             "value": "ada"}}),
     )
     .await;
+    // The two answers may come in either order: the input's reaches the holder first, but
+    // its answer travels back beside the execution's last output.
     let mut rest = Vec::new();
-    let response = loop {
+    let (mut response, mut answered) = (None, None);
+    while response.is_none() || answered.is_none() {
         let message = conn.read().await.expect("the node answers");
-        if message["id"] == 1 {
-            break message;
+        match message["id"].as_i64() {
+            Some(1) => response = Some(message),
+            Some(2) => answered = Some(message),
+            _ => rest.push(message),
         }
-        rest.push(message);
-    };
-    let answered = rest
-        .iter()
-        .find(|m| m["id"] == 2)
-        .expect("session.input answered");
+    }
+    let (response, answered) = (response.unwrap(), answered.unwrap());
     assert_eq!(answered["result"], json!({}), "{answered}");
     assert_eq!(output(&rest), "hi ada\n", "{rest:?}");
     assert_eq!(response["result"]["status"], "ok", "{response}");
@@ -261,13 +262,17 @@ async fn the_websocket_of_another_node_streams_and_takes_input() {
         .send(ws::Message::Text(input.to_string().into()))
         .await;
     let mut seen = Vec::new();
-    let response = loop {
+    let (mut response, mut answered) = (None, None);
+    while response.is_none() || answered.is_none() {
         let message = receive(&mut socket).await;
-        if message["id"] == 1 {
-            break message;
+        match message["id"].as_i64() {
+            Some(1) => response = Some(message),
+            Some(2) => answered = Some(message),
+            _ => seen.push(message),
         }
-        seen.push(message);
-    };
+    }
+    let (response, answered) = (response.unwrap(), answered.unwrap());
+    assert_eq!(answered["result"], json!({}), "{answered}");
     assert_eq!(output(&seen), "hi ada\n", "{seen:?}");
     assert_eq!(response["result"]["node"], "node-a", "{response}");
     assert_eq!(
