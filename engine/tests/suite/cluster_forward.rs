@@ -149,6 +149,35 @@ async fn a_streaming_execution_through_another_node_streams_its_output_on_the_so
     assert_eq!(body["stdout"], "whole\n", "{body}");
 }
 
+/// What a client reads after it answered an `input()`: the answer to its `session.input`
+/// (id 2) and to the execution (id 1), in either order (the input's reaches the holder first,
+/// but its answer travels back beside the execution's last output), and the notifications.
+#[derive(Default)]
+struct AfterInput {
+    execution: Option<Value>,
+    input: Option<Value>,
+    notes: Vec<Value>,
+}
+
+impl AfterInput {
+    /// Takes one message; true once both answers are in.
+    fn take(&mut self, message: Value) -> bool {
+        match message["id"].as_i64() {
+            Some(1) => self.execution = Some(message),
+            Some(2) => self.input = Some(message),
+            _ => self.notes.push(message),
+        }
+        self.execution.is_some() && self.input.is_some()
+    }
+
+    /// The execution's answer and the notifications, once the input was taken (`{}`).
+    fn answered(self) -> (Value, Vec<Value>) {
+        let input = self.input.expect("session.input answered");
+        assert_eq!(input["result"], json!({}), "{input}");
+        (self.execution.expect("the execution answered"), self.notes)
+    }
+}
+
 #[tokio::test]
 async fn input_through_another_node_is_answered_by_its_client() {
     let db = postgres::database().await;
@@ -174,20 +203,9 @@ async fn input_through_another_node_is_answered_by_its_client() {
             "value": "ada"}}),
     )
     .await;
-    // The two answers may come in either order: the input's reaches the holder first, but
-    // its answer travels back beside the execution's last output.
-    let mut rest = Vec::new();
-    let (mut response, mut answered) = (None, None);
-    while response.is_none() || answered.is_none() {
-        let message = conn.read().await.expect("the node answers");
-        match message["id"].as_i64() {
-            Some(1) => response = Some(message),
-            Some(2) => answered = Some(message),
-            _ => rest.push(message),
-        }
-    }
-    let (response, answered) = (response.unwrap(), answered.unwrap());
-    assert_eq!(answered["result"], json!({}), "{answered}");
+    let mut after = AfterInput::default();
+    while !after.take(conn.read().await.expect("the node answers")) {}
+    let (response, rest) = after.answered();
     assert_eq!(output(&rest), "hi ada\n", "{rest:?}");
     assert_eq!(response["result"]["status"], "ok", "{response}");
     assert_eq!(response["result"]["execution_id"], execution, "{response}");
@@ -261,18 +279,9 @@ async fn the_websocket_of_another_node_streams_and_takes_input() {
     let _ = socket
         .send(ws::Message::Text(input.to_string().into()))
         .await;
-    let mut seen = Vec::new();
-    let (mut response, mut answered) = (None, None);
-    while response.is_none() || answered.is_none() {
-        let message = receive(&mut socket).await;
-        match message["id"].as_i64() {
-            Some(1) => response = Some(message),
-            Some(2) => answered = Some(message),
-            _ => seen.push(message),
-        }
-    }
-    let (response, answered) = (response.unwrap(), answered.unwrap());
-    assert_eq!(answered["result"], json!({}), "{answered}");
+    let mut after = AfterInput::default();
+    while !after.take(receive(&mut socket).await) {}
+    let (response, seen) = after.answered();
     assert_eq!(output(&seen), "hi ada\n", "{seen:?}");
     assert_eq!(response["result"]["node"], "node-a", "{response}");
     assert_eq!(
@@ -389,44 +398,28 @@ async fn an_owners_token_reaches_no_other_owners_session_through_any_node() {
     assert_eq!((status, &ran["node"]), (200, &json!("node-a")), "{ran}");
 
     // Bob, through node B, by every route: unknown, like a missing session.
-    let (status, body) = post(
-        &pair,
-        1,
-        &session,
-        "/execute",
-        BOB,
-        json!({"code": "secret"}),
-    )
-    .await;
-    assert_eq!(
-        (status, &body["error"]["code"]),
-        (404, &json!(-32001)),
-        "{body}"
-    );
-    let (status, body) = post(
-        &pair,
-        1,
-        &session,
-        "/execute",
-        BOB,
-        json!({"code": "secret", "owner": "alice"}),
-    )
-    .await;
-    assert_eq!(
-        (status, &body["error"]["code"]),
-        (401, &json!(-32007)),
-        "{body}"
-    );
-    let (status, body) = post(
-        &pair,
-        1,
-        &session,
-        "/input",
-        BOB,
-        json!({"execution_id": "e-1", "value": "x"}),
-    )
-    .await;
-    assert_eq!(status, 404, "{body}");
+    let tries = [
+        ("/execute", json!({"code": "secret"}), (404, -32001)),
+        (
+            "/execute",
+            json!({"code": "secret", "owner": "alice"}),
+            (401, -32007),
+        ),
+        (
+            "/input",
+            json!({"execution_id": "e-1", "value": "x"}),
+            (404, -32001),
+        ),
+        ("/fork", json!({}), (404, -32001)),
+    ];
+    for (path, body, (status, code)) in tries {
+        let (got, answer) = post(&pair, 1, &session, path, BOB, body).await;
+        assert_eq!(
+            (got, &answer["error"]["code"]),
+            (status, &json!(code)),
+            "{path}: {answer}"
+        );
+    }
     for (method, path) in [
         ("GET", format!("/v1/sessions/{session}")),
         ("GET", format!("/v1/sessions/{session}/checkpoints")),
