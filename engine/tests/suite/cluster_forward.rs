@@ -134,6 +134,34 @@ async fn a_streaming_execution_through_another_node_streams_its_output_on_the_so
     assert_eq!(output(&notes), "once\n", "{notes:?}");
     assert_eq!(response["result"]["stdout"], "", "{response}");
 
+    // session.interrupt through node B stops the execution node A runs for it.
+    let code = "print('going', flush=True)\nimport time\ntime.sleep(120)";
+    conn.send(
+        &json!({"jsonrpc": "2.0", "id": 10, "method": "session.execute",
+        "params": {"session_id": session, "owner": "alice", "code": code, "stream": true}}),
+    )
+    .await;
+    let (_, going) = read_until(&mut conn, "session.output").await;
+    let going = going["params"]["data"].as_str().expect("text");
+    assert!(going.starts_with("going"), "{going}");
+    conn.send(
+        &json!({"jsonrpc": "2.0", "id": 11, "method": "session.interrupt",
+        "params": {"session_id": session, "owner": "alice"}}),
+    )
+    .await;
+    let (mut stopped, mut interrupted) = (None, None);
+    while stopped.is_none() || interrupted.is_none() {
+        let message = conn.read().await.expect("the node answers");
+        match message["id"].as_i64() {
+            Some(10) => stopped = Some(message),
+            Some(11) => interrupted = Some(message),
+            _ => {}
+        }
+    }
+    let (stopped, interrupted) = (stopped.unwrap(), interrupted.unwrap());
+    assert_eq!(interrupted["result"]["interrupted"], true, "{interrupted}");
+    assert_eq!(stopped["result"]["status"], "interrupted", "{stopped}");
+
     // Plain HTTP cannot take notifications: the whole output arrives in the result.
     let (status, body) = post(
         &pair,
