@@ -249,7 +249,7 @@ impl Forwarder {
         loop {
             let chunk = tokio::select! {
                 chunk = response.chunk() => chunk,
-                () = out.gone() => return Err(RpcError::new(code::ENGINE_ERROR, "the caller went away")),
+                () = out.gone() => return Err(caller_gone()),
             };
             let chunk = match chunk {
                 Ok(Some(chunk)) => chunk,
@@ -285,8 +285,7 @@ impl Forwarder {
                     }
                 }
                 if !out.send(line.to_owned()).await {
-                    // Nobody reads any more: the answer has nowhere to go.
-                    return Err(RpcError::new(code::ENGINE_ERROR, "the caller went away"));
+                    return Err(caller_gone());
                 }
             }
         }
@@ -363,6 +362,11 @@ fn owner_query(owner: Option<&str>, sep: char) -> String {
     owner.map_or_else(String::new, |owner| {
         format!("{sep}owner={}", percent_encode(owner))
     })
+}
+
+/// The answer of a relay whose caller went away: it has nowhere to go.
+fn caller_gone() -> RpcError {
+    RpcError::new(code::ENGINE_ERROR, "the caller went away")
 }
 
 /// The error of an answer from `base` that broke off.
