@@ -98,11 +98,19 @@ impl Dispatcher {
         params: Option<Value>,
         out: &Outbound,
     ) -> Result<Box<RawValue>, RpcError> {
-        let copy = self.forwardable(caller, method, &params);
-        let answer = self.call_here(caller, method, params, out).await;
-        match (answer, copy) {
-            (Err(err), Some(copy)) => self.forward(caller, method, copy, err).await,
-            (answer, _) => answer,
+        let Some(target) = self.forwardable(caller, method, &params) else {
+            return self.call_here(caller, method, params, out).await;
+        };
+        if let Some(answer) = self
+            .forward_to_known_holder(&target, method, &params, out)
+            .await
+        {
+            return answer;
+        }
+        let copy = params.clone();
+        match self.call_here(caller, method, params, out).await {
+            Err(err) => self.forward(&target, method, copy, err, out).await,
+            answer => answer,
         }
     }
 
@@ -206,13 +214,18 @@ impl Dispatcher {
     }
 
     /// The id of the session `key` names for `caller` (a WebSocket's path); another owner's
-    /// session is unknown, like a missing one.
+    /// session is unknown, like a missing one. With `[cluster]`, a session another live node
+    /// holds is `key` too: the calls about it are forwarded there.
     pub async fn resolve(&self, caller: &Caller, key: &str) -> Result<String, RpcError> {
         let at = Scope {
             caller,
             owner: caller.scope(None)?,
         };
-        Ok(self.session(&at, key).await?.id().to_owned())
+        match self.session(&at, key).await {
+            Ok(session) => Ok(session.id().to_owned()),
+            Err(err) if self.forwards_to_holder(caller, &err) => Ok(key.to_owned()),
+            Err(err) => Err(err),
+        }
     }
 
     /// The files of the session `key` names for `caller` (an HTTP file route); another

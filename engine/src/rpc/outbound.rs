@@ -76,9 +76,15 @@ impl Outbound {
     /// A queue nobody reads: messages sent to it are dropped (plain HTTP requests), and no
     /// request can be made of its client.
     pub fn closed() -> Self {
-        let mut closed = Self::new(UNIT).0;
-        closed.peer = Arc::new(PeerRequests::closed());
-        closed
+        Self::one_way(UNIT).0
+    }
+
+    /// A queue of at most `capacity_bytes` that carries notifications only: no request can be
+    /// made of its client, which has no way to answer one (a streamed HTTP response).
+    pub fn one_way(capacity_bytes: usize) -> (Self, OutboundQueue) {
+        let (mut out, queue) = Self::new(capacity_bytes);
+        out.peer = Arc::new(PeerRequests::closed());
+        (out, queue)
     }
 
     /// A handle that does not keep the queue open.
@@ -94,6 +100,20 @@ impl Outbound {
     /// The server's requests to this connection's client.
     pub fn peer(&self) -> &PeerRequests {
         &self.peer
+    }
+
+    /// Whether nothing reads the queue any more (or never did: a plain HTTP request).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Resolves once the connection is gone: its writer stopped reading the queue, or its
+    /// client hung up.
+    pub async fn gone(&self) {
+        tokio::select! {
+            () = self.tx.closed() => {}
+            () = self.peer.hung_up() => {}
+        }
     }
 
     /// Queues one message if there is room now, without waiting. False when there is none
@@ -180,5 +200,18 @@ mod tests {
         drop(queue);
         assert!(!out.send("x".into()).await);
         assert!(!Outbound::closed().notify("m", &()).await);
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_gone_when_its_queue_closes_or_its_client_hangs_up() {
+        let (out, queue) = Outbound::new(UNIT);
+        assert!(!out.is_closed());
+        drop(queue);
+        out.gone().await;
+        assert!(out.is_closed());
+        let (out, _queue) = Outbound::new(UNIT);
+        out.peer().hang_up();
+        out.gone().await;
+        assert!(Outbound::closed().is_closed());
     }
 }

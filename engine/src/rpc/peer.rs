@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use serde_json::Value;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use super::errors::RpcError;
 
@@ -31,11 +31,13 @@ pub enum PeerRefusal {
 }
 
 /// The requests of one connection that wait for the client's response.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PeerRequests {
     next: AtomicU64,
     /// By id; `None` once the connection has hung up.
     waiting: Mutex<Option<HashMap<String, oneshot::Sender<PeerReply>>>>,
+    /// True once the connection has hung up (not for one that never took requests).
+    hung_up: watch::Sender<bool>,
 }
 
 impl PeerRequests {
@@ -44,12 +46,17 @@ impl PeerRequests {
         Self {
             next: AtomicU64::new(1),
             waiting: Mutex::new(Some(HashMap::new())),
+            hung_up: watch::Sender::new(false),
         }
     }
 
     /// A table that takes no request (a connection that cannot answer).
     pub fn closed() -> Self {
-        Self::default()
+        Self {
+            next: AtomicU64::new(1),
+            waiting: Mutex::new(None),
+            hung_up: watch::Sender::new(false),
+        }
     }
 
     /// A new request's id and where its response will come.
@@ -92,6 +99,14 @@ impl PeerRequests {
     pub fn hang_up(&self) {
         let waiting = (self.waiting.lock().unwrap_or_else(|e| e.into_inner())).take();
         drop(waiting);
+        self.hung_up.send_replace(true);
+    }
+
+    /// Resolves once the connection has hung up.
+    pub async fn hung_up(&self) {
+        let mut hung_up = self.hung_up.subscribe();
+        // The sender lives as long as `self`, so this ends only by the hang-up.
+        let _ = hung_up.wait_for(|hung_up| *hung_up).await;
     }
 }
 
@@ -117,6 +132,7 @@ mod tests {
             "answered once"
         );
         peer.hang_up();
+        peer.hung_up().await;
         assert!(first_rx.await.is_err(), "a hang-up fails what waits");
         assert_eq!(peer.start().unwrap_err(), PeerRefusal::Closed);
     }

@@ -6,12 +6,14 @@
 //! [`HttpServer::start`] runs actix-web on an actix System on a thread of its own, so the
 //! rest of the daemon may use any runtime. actix-server's own signal handling is off: the
 //! daemon decides when to stop and calls [`HttpServer::stop`]. The REST handlers live in
-//! `routes`, the WebSocket connection in `ws`, the file routes in `files`.
+//! `routes`, the streamed execution in `stream`, the WebSocket connection in `ws`, the file
+//! routes in `files`.
 
 mod files;
 mod guard;
 mod memory;
 mod routes;
+mod stream;
 mod tasks;
 mod ws;
 

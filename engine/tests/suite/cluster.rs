@@ -363,7 +363,7 @@ fn node_config(home: &Path, db: &postgres::Database, node_id: &str) -> std::path
 }
 
 /// [`node_config`] with the URL where other nodes reach this one.
-fn advertised_node_config(
+pub(crate) fn advertised_node_config(
     home: &Path,
     db: &postgres::Database,
     node_id: &str,
@@ -373,7 +373,7 @@ fn advertised_node_config(
 }
 
 /// [`advertised_node_config`] with `extra` TOML sections.
-fn node_config_with(
+pub(crate) fn node_config_with(
     home: &Path,
     db: &postgres::Database,
     node_id: &str,
@@ -456,7 +456,7 @@ async fn two_nodes_with(db: &postgres::Database, homes: &Path, extra: &str) -> (
 }
 
 /// `session.execute` of `code` in `session` for `owner`, as the whole response.
-async fn execute(daemon: &Daemon, session: &str, owner: &str, code: &str) -> Value {
+pub(crate) async fn execute(daemon: &Daemon, session: &str, owner: &str, code: &str) -> Value {
     let mut conn = daemon.connect().await;
     let params = json!({"session_id": session, "owner": owner, "code": code});
     conn.request("session.execute", params).await.1
@@ -650,7 +650,7 @@ async fn a_node_paused_past_its_lease_gives_the_session_up_when_it_wakes() {
 }
 
 /// A loopback port nobody listens on now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("a free port")
@@ -726,7 +726,7 @@ async fn a_request_at_the_wrong_node_is_forwarded_to_the_holder() {
 
 /// The value of the series `series` (name and labels as exported) in a `/metrics` text;
 /// 0 when it is absent.
-fn metric(text: &str, series: &str) -> f64 {
+pub(crate) fn metric(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .map_or(0.0, |value| value.trim().parse().expect("a number"))

@@ -701,3 +701,84 @@ async fn fork_over_rest_makes_sessions_that_start_from_the_source() {
     assert_eq!(status, 404);
     server.stop().await;
 }
+
+/// The next line of a streamed (`application/x-ndjson`) answer, as JSON.
+async fn next_line(
+    response: &mut (impl Stream<Item = Result<actix_web::web::Bytes, awc::error::PayloadError>> + Unpin),
+    pending: &mut Vec<u8>,
+) -> Value {
+    loop {
+        if let Some(end) = pending.iter().position(|&byte| byte == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            return serde_json::from_slice(&line).expect("a JSON line");
+        }
+        let chunk = actix_rt::time::timeout(Duration::from_secs(60), response.next())
+            .await
+            .expect("a line within 60 s")
+            .expect("the answer goes on")
+            .expect("a readable chunk");
+        pending.extend_from_slice(&chunk);
+    }
+}
+
+#[actix_rt::test]
+async fn execute_streams_json_lines_when_asked_and_input_is_answered_over_http() {
+    let server = start().await;
+    let id = server.create().await;
+    let code = "print('a', flush=True)\nname = input('who? ')\nprint('hi', name)";
+    let mut response = server
+        .client()
+        .post(server.url(&format!("/v1/sessions/{id}/execute")))
+        .insert_header(("accept", "application/x-ndjson"))
+        .send_json(&json!({"code": code}))
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status().as_u16(), 200);
+    let kind = response.headers().get("content-type").expect("a type");
+    assert_eq!(kind.to_str().unwrap(), "application/x-ndjson");
+    let mut pending = Vec::new();
+    // The execution waits in input() until it is answered: these lines came while it ran.
+    let mut before = String::new();
+    let asked = loop {
+        let line = next_line(&mut response, &mut pending).await;
+        if line["method"] == "session.input_request" {
+            break line;
+        }
+        assert_eq!(line["method"], "session.output", "{line}");
+        before.push_str(line["params"]["data"].as_str().expect("text"));
+    };
+    assert_eq!(before, "a\n");
+    let execution = asked["params"]["execution_id"].clone();
+    let answer = json!({"execution_id": execution, "value": "ada"});
+    let (status, body) = server
+        .post(&format!("/v1/sessions/{id}/input"), answer)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let mut after = String::new();
+    let last = loop {
+        let line = next_line(&mut response, &mut pending).await;
+        if line.get("method").is_none() {
+            break line;
+        }
+        after.push_str(line["params"]["data"].as_str().expect("text"));
+    };
+    assert_eq!(after, "hi ada\n");
+    assert_eq!(last["result"]["status"], "ok", "{last}");
+    assert_eq!(last["result"]["execution_id"], execution, "{last}");
+    assert!(
+        pending.is_empty() && response.next().await.is_none(),
+        "the result is last"
+    );
+
+    // An error of the call is the last (and only) line.
+    let mut response = server
+        .client()
+        .post(server.url("/v1/sessions/s-missing/execute"))
+        .insert_header(("accept", "application/x-ndjson"))
+        .send_json(&json!({"code": "1"}))
+        .await
+        .expect("the server answers");
+    let failed = next_line(&mut response, &mut Vec::new()).await;
+    assert_eq!(failed["error"]["code"], -32001, "{failed}");
+    server.stop().await;
+}

@@ -10,12 +10,13 @@ use serde_json::{Map, Value};
 
 use super::{Dispatcher, Scope};
 use crate::cluster::directory;
-use crate::cluster::forward::Forwarder;
+use crate::cluster::forward::{Forwarder, Unanswered};
 use crate::cluster::status::status;
 use crate::cluster::{ClusterStatus, Node};
 use crate::errors::ClusterError;
 use crate::rpc::caller::Caller;
 use crate::rpc::errors::{code, RpcError};
+use crate::rpc::outbound::Outbound;
 use crate::rpc::wire::{self, LimitParams};
 use crate::{EngineError, ExecutionResult, Session, SupervisorError};
 
@@ -152,49 +153,91 @@ impl Dispatcher {
         self.cluster.get().is_none_or(|node| node.store_reachable())
     }
 
-    /// The params of a call that may be forwarded if another node holds its session, kept
-    /// before the call consumes them; `None` for a call that is never forwarded.
+    /// A call that is sent on if another node holds its session: with `[cluster]`, not
+    /// forwarded already, a method with a route, params that name a session (the one a
+    /// WebSocket is pinned to, if it is) and an owner the caller may act for. `None` for a
+    /// session this dispatcher has looked up here before.
     pub(super) fn forwardable(
         &self,
         caller: &Caller,
         method: &str,
         params: &Option<Value>,
-    ) -> Option<Map<String, Value>> {
-        let forwarding = self.cluster.get().is_some() && !caller.forwarded();
-        match params {
-            Some(Value::Object(params)) if forwarding && Forwarder::forwards(method) => {
-                Some(params.clone())
-            }
-            _ => None,
+    ) -> Option<Target> {
+        let node = self.cluster.get()?;
+        if caller.forwarded() || !Forwarder::forwards(method) {
+            return None;
         }
+        let Some(Value::Object(params)) = params else {
+            return None;
+        };
+        let key = params.get("session_id").and_then(Value::as_str)?;
+        if caller.pinned().is_some_and(|pinned| pinned != key) {
+            return None;
+        }
+        let owner = caller
+            .scope(params.get("owner").and_then(Value::as_str))
+            .ok()?;
+        if self.sessions.looked_up(&owner, key).is_some() {
+            return None;
+        }
+        Some(Target {
+            node: node.clone(),
+            owner,
+            key: key.to_owned(),
+        })
     }
 
-    /// Sends a call that failed with `err` on to the node holding its session, when `err`
-    /// names a live holder; otherwise, or when that node cannot be reached, `err` stands.
+    /// The answer of the node that answered for `target`'s session before, when it still
+    /// holds it; `None` when no node did, or that one says (or shows, by not answering) that
+    /// it no longer holds it, and the call takes the long way.
+    pub(super) async fn forward_to_known_holder(
+        &self,
+        target: &Target,
+        method: &str,
+        params: &Option<Value>,
+        out: &Outbound,
+    ) -> Option<Result<Box<RawValue>, RpcError>> {
+        let holders = target.node.forwarder().holders();
+        let url = holders.get(target.owner(), &target.key)?;
+        let Some(Value::Object(params)) = params else {
+            return None;
+        };
+        match target.forward(&url, method, params, out).await {
+            Some(Err(err)) if NOT_THE_HOLDER.contains(&err.code) => {}
+            Some(answer) => return Some(answer),
+            None => {}
+        }
+        holders.forget(&target.key);
+        None
+    }
+
+    /// Whether a call of `caller` that failed here with `err` is sent on: `err` says a live
+    /// node holds the session, and the call did not come from another node.
+    pub(super) fn forwards_to_holder(&self, caller: &Caller, err: &RpcError) -> bool {
+        self.cluster.get().is_some() && !caller.forwarded() && holder_url(err).is_some()
+    }
+
+    /// Sends a call that failed here with `err` on to the node holding its session, when
+    /// `err` names a live holder; otherwise, or when that node cannot be reached, `err`
+    /// stands.
     pub(super) async fn forward(
         &self,
-        caller: &Caller,
+        target: &Target,
         method: &str,
-        params: Map<String, Value>,
+        params: Option<Value>,
         err: RpcError,
+        out: &Outbound,
     ) -> Result<Box<RawValue>, RpcError> {
-        let url = (err.data.as_ref())
-            .filter(|_| err.code == code::HELD_ELSEWHERE)
-            .and_then(|data| data.get("advertise_url"))
-            .and_then(Value::as_str)
-            .filter(|url| !url.is_empty());
-        let (Some(url), Some(node)) = (url, self.cluster.get()) else {
+        let (Some(url), Some(Value::Object(params))) = (holder_url(&err), params) else {
             return Err(err);
         };
-        // The owner the caller is confined to goes along, so the holder applies the same rule.
-        let owner = caller.scope(params.get("owner").and_then(Value::as_str))?;
-        match node
-            .forwarder()
-            .forward(url, method, params, owner.as_deref())
-            .await
-        {
+        match target.forward(url, method, &params, out).await {
             Some(answer) => {
-                crate::cluster::metrics::forwarded();
+                target
+                    .node
+                    .forwarder()
+                    .holders()
+                    .remember(target.owner(), &target.key, url);
                 answer
             }
             None => Err(err),
@@ -272,3 +315,61 @@ impl Dispatcher {
         }
     }
 }
+
+/// The URL of the live node that holds the session, when `err` says one does.
+fn holder_url(err: &RpcError) -> Option<&str> {
+    (err.data.as_ref())
+        .filter(|_| err.code == code::HELD_ELSEWHERE)
+        .and_then(|data| data.get("advertise_url"))
+        .and_then(Value::as_str)
+        .filter(|url| !url.is_empty())
+}
+
+/// A call that may be sent on to the node holding its session.
+pub(super) struct Target {
+    node: Arc<Node>,
+    /// The owner the caller is confined to, which goes along so that the holder applies the
+    /// same owner rule; `None` for an admin who named nobody.
+    owner: Option<String>,
+    /// The session, as the caller named it.
+    key: String,
+}
+
+impl Target {
+    fn owner(&self) -> Option<&str> {
+        self.owner.as_deref()
+    }
+
+    /// The answer of the node at `url` to `method` with `params`; `None` when that node
+    /// cannot be reached.
+    async fn forward(
+        &self,
+        url: &str,
+        method: &str,
+        params: &Map<String, Value>,
+        out: &Outbound,
+    ) -> Option<Result<Box<RawValue>, RpcError>> {
+        let forwarder = self.node.forwarder();
+        let answer = match forwarder
+            .forward(url, method, params, self.owner(), out)
+            .await
+        {
+            Ok(answer) => answer,
+            Err(Unanswered::NotForwarded | Unanswered::Unreachable) => return None,
+        };
+        crate::cluster::metrics::forwarded();
+        if answer.is_ok() && method == crate::rpc::wire::method::CLOSE {
+            forwarder.holders().forget(&self.key);
+        }
+        Some(answer)
+    }
+}
+
+/// The codes of a holder's refusal that says the session is not its own (held elsewhere,
+/// unknown there, or the node drains): the call ran nowhere, and the store says where the
+/// session is now.
+const NOT_THE_HOLDER: [i64; 3] = [
+    code::HELD_ELSEWHERE,
+    code::UNKNOWN_SESSION,
+    code::SHUTTING_DOWN,
+];

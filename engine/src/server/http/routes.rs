@@ -1,8 +1,9 @@
 //! The REST routes of docs/protocol.md (HTTP) under `/v1`. Each route turns its path, query and body into
 //! the params of one JSON-RPC method and answers with that method's result, so HTTP and
 //! JSON-RPC behave alike. A POST body is the method's params without `session_id` (the path
-//! gives it). Plain HTTP has nowhere to send notifications: an execution's output arrives
-//! whole in its result and `input()` raises `EOFError`; the WebSocket route streams both.
+//! gives it). A plain HTTP response has nowhere to send notifications: an execution's output
+//! arrives whole in its result and `input()` raises `EOFError`, unless the client asks for
+//! the streamed response of `stream`; the WebSocket route streams both too.
 
 use actix_web::http::header::ContentType;
 use actix_web::http::StatusCode;
@@ -11,7 +12,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{ws, ApiError, State};
+use super::{stream, ws, ApiError, State};
 use crate::rpc::strict_json::{self, duplicate_message, ParamsError};
 use crate::rpc::wire::{method, Created, ListParams};
 use crate::rpc::{code, Caller, Outbound, RpcError};
@@ -24,7 +25,7 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/sessions", web::get().to(list))
             .route("/sessions/{id}", web::get().to(info))
             .route("/sessions/{id}", web::delete().to(close))
-            .route("/sessions/{id}/execute", post_method(method::EXECUTE))
+            .route("/sessions/{id}/execute", web::post().to(stream::execute))
             .route("/sessions/{id}/input", post_method(method::INPUT))
             .route("/sessions/{id}/interrupt", post_method(method::INTERRUPT))
             .route("/sessions/{id}/checkpoint", post_method(method::CHECKPOINT))
@@ -48,6 +49,14 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
 struct CloseQuery {
     #[serde(default)]
     checkpoint: bool,
+    owner: Option<String>,
+}
+
+/// The query of the GET routes of one session: the owner an admin acts for.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OwnerQuery {
+    owner: Option<String>,
 }
 
 /// The header that names a new session's id in the answer to `POST /v1/sessions`, so that a
@@ -84,34 +93,47 @@ async fn list(
     respond(call(&state, &caller, method::LIST, params).await)
 }
 
-/// `GET /v1/sessions/{id}`.
+/// `GET /v1/sessions/{id}[?owner=]`.
 async fn info(
     state: web::Data<State>,
     caller: Caller,
     id: web::Path<String>,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    respond(call(&state, &caller, method::INFO, session_only(id)).await)
+    respond(call(&state, &caller, method::INFO, session_only(id, &req)?).await)
 }
 
-/// `DELETE /v1/sessions/{id}[?checkpoint=true]`.
+/// `DELETE /v1/sessions/{id}[?checkpoint=true][&owner=]`.
 async fn close(
     state: web::Data<State>,
     caller: Caller,
     id: web::Path<String>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let CloseQuery { checkpoint } = query(&req)?;
-    let params = serde_json::json!({"session_id": id.into_inner(), "checkpoint": checkpoint});
+    let CloseQuery { checkpoint, owner } = query(&req)?;
+    let mut params = serde_json::json!({"session_id": id.into_inner(), "checkpoint": checkpoint});
+    if let Some(owner) = owner {
+        params["owner"] = Value::String(owner);
+    }
     respond(call(&state, &caller, method::CLOSE, params).await)
 }
 
-/// `GET /v1/sessions/{id}/checkpoints`: newest first.
+/// `GET /v1/sessions/{id}/checkpoints[?owner=]`: newest first.
 async fn checkpoints(
     state: web::Data<State>,
     caller: Caller,
     id: web::Path<String>,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    respond(call(&state, &caller, method::CHECKPOINTS, session_only(id)).await)
+    respond(
+        call(
+            &state,
+            &caller,
+            method::CHECKPOINTS,
+            session_only(id, &req)?,
+        )
+        .await,
+    )
 }
 
 /// `GET /v1/stats`: `engine.stats`.
@@ -147,8 +169,16 @@ async fn with_session_body(
     id: web::Path<String>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let mut params = body_object(state, body).await?;
-    let id = id.into_inner();
+    let params = with_params(body_object(state, body).await?, id.into_inner())?;
+    run(state, caller, method, params).await
+}
+
+/// A POST body's `params` with `session_id` the session `id` of the path (a `session_id` in
+/// the body must be that one).
+pub(super) fn with_params(
+    mut params: Map<String, Value>,
+    id: String,
+) -> Result<Map<String, Value>, ApiError> {
     match params.get("session_id") {
         None => {}
         Some(Value::String(given)) if *given == id => {}
@@ -160,6 +190,16 @@ async fn with_session_body(
         }
     }
     params.insert("session_id".into(), Value::String(id));
+    Ok(params)
+}
+
+/// 200 with the result of `method` with `params`.
+pub(super) async fn run(
+    state: &State,
+    caller: &Caller,
+    method: &str,
+    params: Map<String, Value>,
+) -> Result<HttpResponse, ApiError> {
     respond(call(state, caller, method, Value::Object(params)).await)
 }
 
@@ -190,9 +230,14 @@ fn json_body(response: &mut HttpResponseBuilder, value: Box<RawValue>) -> HttpRe
         .body(Box::<str>::from(value).into_string())
 }
 
-/// Params that only name the session of the path.
-fn session_only(id: web::Path<String>) -> Value {
-    serde_json::json!({"session_id": id.into_inner()})
+/// Params that name the session of the path, and the owner of the query if it names one.
+fn session_only(id: web::Path<String>, req: &HttpRequest) -> Result<Value, ApiError> {
+    let OwnerQuery { owner } = query(req)?;
+    let mut params = serde_json::json!({"session_id": id.into_inner()});
+    if let Some(owner) = owner {
+        params["owner"] = Value::String(owner);
+    }
+    Ok(params)
 }
 
 /// The request's query string decoded as `T`.
@@ -209,8 +254,7 @@ pub(super) async fn with_body(
     method: &str,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let params = body_object(state, body).await?;
-    respond(call(state, caller, method, Value::Object(params)).await)
+    run(state, caller, method, body_object(state, body).await?).await
 }
 
 /// The body as a JSON object: none is `{}`, more than `server.max_request_bytes` is "limit
