@@ -145,7 +145,7 @@ impl HarnessCluster {
         let node = &self.nodes[index];
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if node.http.get_from::<Value>(0, "/readyz").await.is_ok() {
+            if node.http.get_once::<Value>("/readyz").await.is_ok() {
                 return Ok(());
             }
             let exited = lock(&node.child).try_wait().ok().flatten();
@@ -197,7 +197,7 @@ impl HarnessCluster {
         let front = Http::new(&url, None)?;
         self.haproxy = Some((Mutex::new(child), url));
         let deadline = Instant::now() + READY_TIMEOUT;
-        while front.get_from::<Value>(0, "/readyz").await.is_err() {
+        while front.get_once::<Value>("/readyz").await.is_err() {
             let log = std::fs::read_to_string(self.dir.path().join("haproxy.log"));
             if Instant::now() >= deadline {
                 return Err(format!(
@@ -285,7 +285,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// A node's pool hits, crashes and restores.
 async fn node_totals(node: &Http) -> Result<Totals, String> {
-    let stats: Stats = node.get_from(0, "/v1/stats").await?;
+    let stats: Stats = node.get_once("/v1/stats").await?;
     Ok(Totals::of(&stats))
 }
 

@@ -148,14 +148,9 @@ impl Http {
         self.request("POST", path, Some(body)).await
     }
 
-    /// `GET path` of the node at `index` only, once: for what each node says of itself.
-    pub async fn get_from<T: DeserializeOwned>(
-        &self,
-        index: usize,
-        path: &str,
-    ) -> Result<T, String> {
-        let authority = self.authorities.get(index).ok_or("no such node")?;
-        self.once(authority, "GET", path, None)
+    /// `GET path`, tried once at the first URL: what a node (or HAProxy) says now.
+    pub async fn get_once<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+        self.once(&self.authorities[0], "GET", path, None)
             .await
             .map_err(Failure::kind)
     }

@@ -282,7 +282,7 @@ async fn sessions_come_back_whole_after_the_daemon_is_killed_and_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_nodes_sessions_answer_again_on_another_with_nothing_lost() {
     let scenario = parse(&format!(
-        "duration_s = 10\nclients = 4\n[target]\nkind = \"cluster\"\nnodes = 2\n\
+        "duration_s = 8\nclients = 4\n[target]\nkind = \"cluster\"\nnodes = 2\n\
          binary = {:?}\nlease_ttl_s = 1\ndurability = \"reply\"\n\
          [[op]]\nkind = \"execute\"\ncode = \"x = 1\"\n[[op]]\nkind = \"checkpoint\"\n\
          [[fault]]\nkind = \"node_kill\"\nat_s = [3]\nfor_s = 2\n",
