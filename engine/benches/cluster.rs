@@ -236,6 +236,9 @@ fn main() {
     let rounds = if quick { 200 } else { 2_000 };
     let failovers = if quick { 3 } else { 10 };
     let root = tempfile::TempDir::new().expect("create a temp dir");
+    // reqwest is built without a TLS provider of its own (the engine hands one to each of
+    // its clients); the bench's plain-HTTP client still needs one installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
