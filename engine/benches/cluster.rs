@@ -3,13 +3,16 @@
 //!
 //! - `x = 1` over the Unix socket on a node with `[cluster]`, against a node without it;
 //! - the same session's `x = 1` sent to another node, which forwards it to the holder;
+//! - `x = 1` over HTTP (keep-alive) straight to the holder, and the same through HAProxy
+//!   (the routing of `examples/cluster/haproxy.cfg`, started on loopback by the bench): what
+//!   HAProxy adds;
 //! - a durable reply (`[state] durability = "reply"`, `x += 1`): with `[cluster]` it waits
 //!   for the checkpoint's commit in PostgreSQL, without it for the local file;
 //! - failover: SIGKILL of the node holding a session, then the time until another node
 //!   answers for it with its state (the default lease, 5 s, plus the restore).
 //!
 //! Run: `cargo bench -p pyvisor --bench cluster` (`PYVISOR_BENCH_QUICK=1` for a short run).
-//! It needs PostgreSQL's server binaries (`scripts/cluster-packages.sh`).
+//! It needs PostgreSQL's server binaries and HAProxy (`scripts/cluster-packages.sh`).
 
 #[path = "../tests/suite/common/postgres.rs"]
 mod postgres;
@@ -19,7 +22,10 @@ mod daemon_process;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
 
 use pyvisor::client::Client;
 use pyvisor::rpc::wire::{CreateParams, ExecuteParams};
@@ -147,6 +153,76 @@ async fn round_trips(client: &Client, session: &str, code: &str, rounds: usize) 
     samples
 }
 
+/// HAProxy on a free loopback port in front of `nodes` (`(id, url)`), configured as the
+/// load-test harness configures it (`examples/cluster/haproxy.cfg`); killed when dropped.
+struct Haproxy {
+    child: Child,
+    port: u16,
+}
+
+impl Haproxy {
+    async fn start(root: &Path, nodes: &[(String, String)]) -> Haproxy {
+        let port = free_port();
+        let config = root.join("haproxy.cfg");
+        let text = pyvisor::loadtest::haproxy_config(port, nodes);
+        std::fs::write(&config, text).expect("write haproxy.cfg");
+        let child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start haproxy (scripts/cluster-packages.sh installs it)");
+        let haproxy = Haproxy { child, port };
+        let ready = haproxy.url("/readyz");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !reqwest::get(&ready)
+            .await
+            .is_ok_and(|answer| answer.status().is_success())
+        {
+            assert!(Instant::now() < deadline, "HAProxy never became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        haproxy
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `POST url` of `body` with `http`: the answer's JSON.
+async fn post(http: &reqwest::Client, url: &str, body: &Value) -> Value {
+    let answer = http.post(url).json(body).send().await.expect("POST");
+    assert!(answer.status().is_success(), "{url}: {}", answer.status());
+    answer.json().await.expect("a JSON answer")
+}
+
+/// Round trips of `x = 1` posted to `url` (a session's `/execute`) on one keep-alive
+/// connection, after a warm-up.
+async fn http_round_trips(http: &reqwest::Client, url: &str, rounds: usize) -> Vec<Duration> {
+    let body = json!({"code": "x = 1"});
+    for _ in 0..rounds.min(100) {
+        post(http, url, &body).await;
+    }
+    let mut samples = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let result = post(http, url, &body).await;
+        samples.push(start.elapsed());
+        assert_eq!(result["status"], "ok", "{result}");
+    }
+    samples
+}
+
 async fn new_session(client: &Client) -> String {
     client
         .create_session(CreateParams::default())
@@ -160,6 +236,9 @@ fn main() {
     let rounds = if quick { 200 } else { 2_000 };
     let failovers = if quick { 3 } else { 10 };
     let root = tempfile::TempDir::new().expect("create a temp dir");
+    // reqwest is built without a TLS provider of its own (the engine hands one to each of
+    // its clients); the bench's plain-HTTP client still needs one installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -193,6 +272,42 @@ fn main() {
             forwarded,
             Some(base),
         );
+
+        // x = 1 over HTTP: straight to the holder, and through HAProxy. The session is made
+        // through HAProxy, which remembers its node (the stick table) and sends its requests
+        // there; the first result says which node that is.
+        let nodes = [("node-a", node_a.port), ("node-b", node_b.port)]
+            .map(|(id, port)| (id.to_owned(), format!("http://127.0.0.1:{port}")));
+        let haproxy = Haproxy::start(root.path(), &nodes).await;
+        let http = reqwest::Client::new();
+        let created = post(&http, &haproxy.url("/v1/sessions"), &json!({})).await;
+        let session = created["session_id"].as_str().expect("a session id");
+        let path = format!("/v1/sessions/{session}/execute");
+        let first = post(&http, &haproxy.url(&path), &json!({"code": "x = 1"})).await;
+        let holder = nodes
+            .iter()
+            .find(|(id, _)| first["node"] == id.as_str())
+            .unwrap_or_else(|| panic!("a node of the bench answered: {first}"));
+        let straight_url = format!("{}{path}", holder.1);
+        let straight = summary(http_round_trips(&http, &straight_url, rounds).await);
+        print(
+            "x = 1, HTTP keep-alive, straight to the holder",
+            straight,
+            Some(base),
+        );
+        let through = summary(http_round_trips(&http, &haproxy.url(&path), rounds).await);
+        print(
+            "x = 1, HTTP keep-alive, through HAProxy",
+            through,
+            Some(base),
+        );
+        println!(
+            "{:<52} p50 {:>+9.1} µs   p99 {:>+9.1} µs",
+            "HAProxy's added latency (through - straight)",
+            (through.0.as_secs_f64() - straight.0.as_secs_f64()) * 1e6,
+            (through.1.as_secs_f64() - straight.1.as_secs_f64()) * 1e6
+        );
+        drop(haproxy);
 
         // Durable replies: the local file against the store's commit.
         let durable_alone = Node::new(root.path(), "durable-alone", None, true);

@@ -31,11 +31,7 @@ impl HarnessDaemon {
         binary: Option<&Path>,
         durability: DurabilityMode,
     ) -> Result<(HarnessDaemon, Client), String> {
-        let binary = match binary {
-            Some(binary) => binary.to_owned(),
-            None => std::env::current_exe()
-                .map_err(|err| format!("find this program to run `serve`: {err}"))?,
-        };
+        let binary = program(binary)?;
         let dir = tempfile::Builder::new()
             .prefix("pyvisor-loadtest-daemon-")
             .tempdir()
@@ -98,7 +94,7 @@ impl HarnessDaemon {
             if let Some(status) = exited {
                 return Err(format!(
                     "the daemon exited ({status}) before it answered; its log: {}",
-                    self.log_tail()
+                    log_tail(self.dir.path())
                 ));
             }
             if Instant::now() >= deadline {
@@ -110,13 +106,6 @@ impl HarnessDaemon {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-
-    /// The end of the daemon's log, for an error message.
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(5)..].join(" | ")
-    }
 }
 
 impl Drop for HarnessDaemon {
@@ -127,8 +116,24 @@ impl Drop for HarnessDaemon {
     }
 }
 
+/// The program to run `serve` with: `binary`, else this one.
+pub(super) fn program(binary: Option<&Path>) -> Result<PathBuf, String> {
+    match binary {
+        Some(binary) => Ok(binary.to_owned()),
+        None => std::env::current_exe()
+            .map_err(|err| format!("find this program to run `serve`: {err}")),
+    }
+}
+
+/// The end of the log of the daemon in `dir`, for an error message.
+pub(super) fn log_tail(dir: &Path) -> String {
+    let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
+}
+
 /// `binary serve` with the config in `dir`, its stderr in `dir/daemon.log`.
-fn spawn(binary: &Path, dir: &Path) -> Result<Child, String> {
+pub(super) fn spawn(binary: &Path, dir: &Path) -> Result<Child, String> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

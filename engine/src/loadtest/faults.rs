@@ -8,7 +8,10 @@
 //! (`memory_hog`, `cpu_spinner`, `fork_bomb`, `print_flood`) or on a raw connection to the
 //! daemon's socket (`slow_client`, `vanished_client`), and show that everyone else keeps
 //! being served. `kill_daemon` SIGKILLs a daemon the harness runs and starts it again: every
-//! client's session must come back from its checkpoints with nothing lost.
+//! client's session must come back from its checkpoints with nothing lost. `node_kill`
+//! SIGKILLs the node of a cluster the harness runs that holds the most clients' sessions, and
+//! starts it again after `for_s`: each of those sessions must answer again on another node
+//! (the failover gap, from the kill until it does, is logged for the report).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,6 +30,9 @@ use crate::{DurabilityMode, Recovered};
 /// How long a session has to answer again after a fault.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a node killed by `node_kill` stays down unless `for_s` says.
+const NODE_DOWN_S: f64 = 10.0;
+
 /// One fault of the scenario.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,7 +48,7 @@ pub struct FaultSpec {
     #[serde(default)]
     pub random_every_s: Option<f64>,
     /// `stop_worker`: how long the worker stays stopped; `slow_client`: how long the client
-    /// does not read.
+    /// does not read; `node_kill`: how long the node stays down (default 10).
     #[serde(default)]
     pub for_s: Option<f64>,
     /// `memory_hog`: megabytes allocated (default 3000, past the default 2048 MB limit).
@@ -81,6 +87,9 @@ pub enum FaultKind {
     VanishedClient,
     /// SIGKILL of the daemon, which the harness then starts again on the same state.
     KillDaemon,
+    /// SIGKILL of a cluster node (the one holding the most clients' sessions), started again
+    /// after `for_s`.
+    NodeKill,
 }
 
 impl FaultKind {
@@ -95,6 +104,7 @@ impl FaultKind {
             FaultKind::SlowClient => "slow_client",
             FaultKind::VanishedClient => "vanished_client",
             FaultKind::KillDaemon => "kill_daemon",
+            FaultKind::NodeKill => "node_kill",
         }
     }
 }
@@ -141,6 +151,13 @@ impl FaultSpec {
             (FaultKind::KillDaemon, _) => {
                 Err("needs the daemon target (kind = \"daemon\"), which the harness runs".into())
             }
+            (FaultKind::NodeKill, TargetSpec::Cluster { nodes, .. }) if *nodes < 2 => {
+                Err("needs at least 2 nodes, so that another one takes the sessions over".into())
+            }
+            (FaultKind::NodeKill, TargetSpec::Cluster { .. }) => Ok(()),
+            (FaultKind::NodeKill, _) => {
+                Err("needs the cluster target (kind = \"cluster\"), which the harness runs".into())
+            }
             _ => Ok(()),
         }
     }
@@ -186,6 +203,10 @@ pub struct FaultRecord {
     /// fault was being set up. Whether the engine would have recovered is not known, and the
     /// fault is not counted as unrecovered.
     pub cut_by_restart: bool,
+    /// `node_kill`: for each client session the node held that answered again, the seconds
+    /// from the kill until it did.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failover_gaps_s: Vec<f64>,
 }
 
 /// The faults of a run, shared by the clients (which name the last one when they see a loss).
@@ -283,6 +304,10 @@ impl FaultLog {
 /// Injects one occurrence of `spec`, hitting one of `sessions` for worker faults.
 pub async fn inject(spec: &FaultSpec, target: &Target, sessions: &[String], log: &FaultLog) {
     let at_s = log.started(spec.kind);
+    if spec.kind == FaultKind::NodeKill {
+        log.push(node_fault(spec, target, sessions, log, at_s).await);
+        return;
+    }
     let restarts_before = target.daemon_restarts();
     let hit = match spec.kind {
         FaultKind::KillWorker | FaultKind::StopWorker => {
@@ -318,6 +343,7 @@ pub async fn inject(spec: &FaultSpec, target: &Target, sessions: &[String], log:
         }
         FaultKind::SlowClient | FaultKind::VanishedClient => raw_client(spec, target).await,
         FaultKind::KillDaemon => daemon_fault(target, sessions).await,
+        FaultKind::NodeKill => unreachable!("handled above"),
     };
     let (session, detail) = match hit {
         Ok((session, detail)) => (Some(session), detail),
@@ -349,6 +375,7 @@ pub async fn inject(spec: &FaultSpec, target: &Target, sessions: &[String], log:
         recovered: recovery_s.is_some(),
         recovery_s,
         cut_by_restart: matches!(recovery, Recovery::CutByRestart),
+        failover_gaps_s: Vec::new(),
     });
 }
 
@@ -394,6 +421,96 @@ async fn daemon_fault(target: &Target, sessions: &[String]) -> Result<(String, S
         .get(fastrand::usize(..sessions.len().max(1)))
         .ok_or_else(|| format!("{detail}; no client session to probe"))?;
     Ok((probe.clone(), detail))
+}
+
+/// SIGKILL of the cluster node holding the most of `sessions`, its restart after `for_s`
+/// meanwhile, and a recovery probe in each of its sessions: the record, with the failover gap
+/// of each session that answered again.
+async fn node_fault(
+    spec: &FaultSpec,
+    target: &Target,
+    sessions: &[String],
+    log: &FaultLog,
+    at_s: f64,
+) -> FaultRecord {
+    let mut record = FaultRecord {
+        kind: spec.kind.name(),
+        at_s,
+        session: None,
+        detail: String::new(),
+        recovered: false,
+        recovery_s: None,
+        cut_by_restart: false,
+        failover_gaps_s: Vec::new(),
+    };
+    let Some((cluster, http)) = target.cluster() else {
+        record.detail = "the harness does not run this target's cluster".into();
+        return record;
+    };
+    let mut held: Vec<Vec<&String>> = vec![Vec::new(); cluster.len()];
+    for session in sessions {
+        if let Some(index) = http.holder(session).and_then(|id| cluster.index_of(&id)) {
+            held[index].push(session);
+        }
+    }
+    let index = (0..held.len())
+        .max_by_key(|&index| (held[index].len(), std::cmp::Reverse(index)))
+        .unwrap_or(0);
+    let node = cluster.node_id(index).to_owned();
+    let pid = match cluster.kill_node(index).await {
+        Ok(pid) => pid,
+        Err(err) => {
+            record.detail = err;
+            return record;
+        }
+    };
+    let down = Duration::from_secs_f64(spec.for_s.unwrap_or(NODE_DOWN_S));
+    let restart = async {
+        tokio::time::sleep(down).await;
+        let began = Instant::now();
+        let pid = cluster.restart_node(index).await?;
+        Ok::<_, String>((pid, began.elapsed()))
+    };
+    let probes = held[index]
+        .iter()
+        .map(|session| recovered(target, session, log, || false));
+    let (restarted, recoveries) = tokio::join!(restart, futures::future::join_all(probes));
+    let mut gaps: Vec<f64> = recoveries
+        .iter()
+        .filter_map(|recovery| match recovery {
+            Recovery::After(took) => Some(took.as_secs_f64()),
+            Recovery::Never | Recovery::CutByRestart => None,
+        })
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    let mut detail = format!(
+        "SIGKILL to {node} (pid {pid}) holding {} client sessions",
+        held[index].len()
+    );
+    if let (Some(first), Some(last)) = (gaps.first(), gaps.last()) {
+        detail.push_str(&format!(
+            "; {} answered again on another node after {first:.2}-{last:.2} s",
+            gaps.len()
+        ));
+    }
+    match &restarted {
+        Ok((pid, took)) => detail.push_str(&format!(
+            "; restarted after {down:?} as pid {pid}, ready {:.2} s later",
+            took.as_secs_f64()
+        )),
+        Err(err) => detail.push_str(&format!("; not restarted: {err}")),
+    }
+    record.recovered = restarted.is_ok() && gaps.len() == held[index].len();
+    record.recovery_s = match (record.recovered, gaps.last(), &restarted) {
+        (false, ..) => None,
+        (true, Some(last), _) => Some(*last),
+        // It held no client session: back when the node is.
+        (true, None, Ok((_, took))) => Some((down + *took).as_secs_f64()),
+        (true, None, Err(_)) => None,
+    };
+    record.detail = detail;
+    record.failover_gaps_s = gaps;
+    record
 }
 
 /// Runs `code` in a new session with a timeout of `timeout_s`; the session and what came of it.

@@ -4,7 +4,9 @@
 //! reports latencies, throughput, errors, recoveries and the engine's memory and CPU.
 //!
 //! The daemon target (`kind = "daemon"`, see `daemon`) is one the harness runs itself, so
-//! a fault can kill and restart it.
+//! a fault can kill and restart it; so is the cluster target (`kind = "cluster"`, see
+//! `cluster` and `postgres`: PostgreSQL, the nodes, HAProxy), whose nodes `node_kill` kills
+//! and restarts.
 //!
 //! A Rust program (a user's own test) runs a scenario with [`run`], or against an engine it
 //! built with [`run_on`]:
@@ -18,15 +20,19 @@
 //! ```
 //!
 //! One file per job: `scenario` (the file format and its checks), `ops` and `replay` (the
-//! operations), `faults`, `target` (the engine's calls), `checker` (the lost-state
+//! operations), `faults`, `target` (the engine's calls; `http` for the HTTP API),
+//! `checker` (the lost-state
 //! detector), `report` (figures and comparison), `sample` (memory and CPU), `live` (the
 //! progress view); this file runs the clients.
 
 mod checker;
+mod cluster;
 mod daemon;
 mod faults;
+mod http;
 mod live;
 mod ops;
+pub mod postgres;
 mod replay;
 mod report;
 mod sample;
@@ -39,9 +45,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 pub use checker::LostState;
+pub use cluster::haproxy_config;
 pub use faults::{FaultKind, FaultRecord, FaultSpec};
 pub use ops::{OpKind, OpSpec};
-pub use report::{compare, Compared, OpFigures, Report, COUNTER};
+pub use report::{compare, Compared, Failover, OpFigures, Report, COUNTER};
 pub use sample::Resources;
 pub use scenario::{Scenario, TargetSpec, Think};
 
@@ -184,7 +191,11 @@ async fn run_with(scenario: &Scenario, engine: Option<Engine>) -> Result<Report,
         Err(_) => Resources::default(),
     };
     let after = target.totals().await.unwrap_or_default();
-    let (hits, misses) = (after.hits - before.hits, after.misses - before.misses);
+    // A restarted daemon's totals start again from 0: no difference is below 0.
+    let (hits, misses) = (
+        after.hits.saturating_sub(before.hits),
+        after.misses.saturating_sub(before.misses),
+    );
     let header = Header {
         scenario: scenario.name.clone(),
         target: match &scenario.target {
@@ -198,15 +209,23 @@ async fn run_with(scenario: &Scenario, engine: Option<Engine>) -> Result<Report,
                 None => "daemon".to_owned(),
             },
             TargetSpec::Http { url, .. } => format!("http {url}"),
+            TargetSpec::Cluster { nodes, .. } => match target.cluster() {
+                Some((cluster, _)) => match cluster.front() {
+                    Some(url) => format!("cluster of {nodes} nodes through HAProxy at {url}"),
+                    None => format!("cluster of {nodes} nodes, clients spread over them"),
+                },
+                None => "cluster".to_owned(),
+            },
             TargetSpec::Embedded { .. } => "embedded".to_owned(),
         },
         durability: scenario.target.durability().name().to_owned(),
         clients: scenario.clients,
+        lease_ttl_s: scenario.target.lease_ttl_s(),
     };
     let end = EndFigures {
         faults: log.records(),
-        crashes: after.crashes - before.crashes,
-        restores: after.restores - before.restores,
+        crashes: after.crashes.saturating_sub(before.crashes),
+        restores: after.restores.saturating_sub(before.restores),
         pool_hit_rate: (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
         resources,
     };

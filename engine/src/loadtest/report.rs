@@ -133,6 +133,7 @@ impl Recorder {
                 .count() as u64;
             let faults_cut_by_restart =
                 end.faults.iter().filter(|f| f.cut_by_restart).count() as u64;
+            let failover = header.lease_ttl_s.map(|ttl| Failover::of(&end.faults, ttl));
             Report {
                 scenario: header.scenario,
                 target: header.target,
@@ -149,6 +150,7 @@ impl Recorder {
                 faults: end.faults,
                 faults_unrecovered,
                 faults_cut_by_restart,
+                failover,
                 crashes: end.crashes,
                 restores: end.restores,
                 pool_hit_rate: end.pool_hit_rate,
@@ -201,6 +203,8 @@ pub struct Header {
     pub target: String,
     pub durability: String,
     pub clients: usize,
+    /// The nodes' lease, for a cluster the harness runs.
+    pub lease_ttl_s: Option<f64>,
 }
 
 /// Figures known only at the end.
@@ -244,12 +248,52 @@ pub struct Report {
     pub faults_unrecovered: u64,
     /// Faults a `kill_daemon` cut short ([`FaultRecord::cut_by_restart`]).
     pub faults_cut_by_restart: u64,
+    /// Of a cluster the harness ran: how long sessions of killed nodes took to answer again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<Failover>,
     /// Workers that died during the run, and namespaces restored from checkpoints.
     pub crashes: u64,
     pub restores: u64,
     /// Sessions created during the run that got a ready worker from the pool.
     pub pool_hit_rate: Option<f64>,
     pub resources: Resources,
+}
+
+/// The failover gaps of a cluster run: from each `node_kill` until each client session the
+/// node held answered again on another node.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failover {
+    pub node_kills: u64,
+    /// Sessions that answered again (a gap each).
+    pub sessions: u64,
+    pub p50_s: f64,
+    pub p99_s: f64,
+    pub max_s: f64,
+    /// The issue's target for the p99: the lease plus 1 s.
+    pub target_p99_s: f64,
+    /// Whether the p99 is within the target (no gap measured: not met).
+    pub met: bool,
+}
+
+impl Failover {
+    fn of(faults: &[FaultRecord], lease_ttl_s: f64) -> Failover {
+        let gaps: Vec<f64> = faults
+            .iter()
+            .flat_map(|fault| fault.failover_gaps_s.iter().copied())
+            .collect();
+        let gaps = sorted(&gaps);
+        let target_p99_s = lease_ttl_s + 1.0;
+        let p99_s = quantile(&gaps, 0.99);
+        Failover {
+            node_kills: faults.iter().filter(|f| f.kind == "node_kill").count() as u64,
+            sessions: gaps.len() as u64,
+            p50_s: quantile(&gaps, 0.5),
+            p99_s,
+            max_s: gaps.last().copied().unwrap_or(0.0),
+            target_p99_s,
+            met: !gaps.is_empty() && p99_s <= target_p99_s,
+        }
+    }
 }
 
 impl Report {
@@ -314,6 +358,20 @@ impl Report {
             for (kind, count) in &self.errors {
                 let _ = writeln!(out, "  {count:>6}  {kind}");
             }
+        }
+        if let Some(f) = &self.failover {
+            let _ = writeln!(
+                out,
+                "failover: {} node kills, {} sessions answered again: gap p50 {:.2} s, p99 \
+                 {:.2} s, max {:.2} s; target p99 <= lease + 1 s = {:.1} s: {}",
+                f.node_kills,
+                f.sessions,
+                f.p50_s,
+                f.p99_s,
+                f.max_s,
+                f.target_p99_s,
+                if f.met { "met" } else { "NOT MET" }
+            );
         }
         if !self.faults.is_empty() {
             let _ = writeln!(

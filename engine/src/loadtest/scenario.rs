@@ -69,6 +69,14 @@ fn default_timeout() -> f64 {
     30.0
 }
 
+fn three() -> usize {
+    3
+}
+
+fn default_lease_ttl() -> f64 {
+    5.0
+}
+
 /// What the scenario drives.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, tag = "kind", rename_all = "lowercase")]
@@ -97,6 +105,23 @@ pub enum TargetSpec {
         #[serde(default)]
         durability: DurabilityMode,
     },
+    /// A cluster the harness runs itself (see `cluster`): a throwaway PostgreSQL, `nodes`
+    /// `pyvisor serve` nodes sharing it with HTTP on loopback, and HAProxy in front when
+    /// `haproxy`; the clients' sessions are spread over the nodes (or all go through HAProxy),
+    /// and the `node_kill` fault SIGKILLs a node and starts it again.
+    Cluster {
+        #[serde(default = "three")]
+        nodes: usize,
+        #[serde(default)]
+        haproxy: bool,
+        #[serde(default)]
+        binary: Option<PathBuf>,
+        /// `[cluster] lease_ttl_s` of the nodes (the engine's default, 5 s, when unset).
+        #[serde(default = "default_lease_ttl")]
+        lease_ttl_s: f64,
+        #[serde(default)]
+        durability: DurabilityMode,
+    },
     /// A daemon's HTTP API.
     Http {
         url: String,
@@ -115,7 +140,36 @@ impl TargetSpec {
             TargetSpec::Embedded { durability }
             | TargetSpec::Socket { durability, .. }
             | TargetSpec::Daemon { durability, .. }
+            | TargetSpec::Cluster { durability, .. }
             | TargetSpec::Http { durability, .. } => *durability,
+        }
+    }
+
+    /// The nodes' lease, for a cluster the harness runs.
+    pub fn lease_ttl_s(&self) -> Option<f64> {
+        match self {
+            TargetSpec::Cluster { lease_ttl_s, .. } => Some(*lease_ttl_s),
+            _ => None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        match self {
+            TargetSpec::Cluster {
+                nodes, lease_ttl_s, ..
+            } => {
+                if *nodes == 0 {
+                    return Err("target.nodes: must be at least 1".into());
+                }
+                // The nodes check the rest of `[cluster] lease_ttl_s` (and say so at start).
+                if !(lease_ttl_s.is_finite() && *lease_ttl_s > 0.0) {
+                    return Err(format!(
+                        "target.lease_ttl_s: must be more than 0, got {lease_ttl_s}"
+                    ));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -222,6 +276,7 @@ impl Scenario {
             }
         }
         self.think.validate().or_else(fail)?;
+        self.target.validate().or_else(fail)?;
         if self.ops.is_empty() {
             return fail("op: at least one [[op]] is needed".into());
         }

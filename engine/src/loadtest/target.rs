@@ -1,8 +1,8 @@
 //! The engine a load test drives, behind one set of calls: an embedded [`Engine`] (one the
 //! harness starts, or the caller's own), a daemon's JSON-RPC socket ([`Client`]; of a daemon
-//! the harness runs itself, which it can kill and restart), or a
-//! daemon's HTTP API (plain HTTP/1.1 over loopback TCP, one connection per call). Every call
-//! answers `Err(kind)` with a short error kind for the report.
+//! the harness runs itself, which it can kill and restart), a daemon's HTTP API (`http`), or
+//! the HTTP APIs of a cluster the harness runs (`cluster`), whose nodes it can kill and
+//! restart. Every call answers `Err(kind)` with a short error kind for the report.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,12 +10,12 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
+use super::cluster::{ClusterSpec, HarnessCluster};
 use super::daemon::HarnessDaemon;
+use super::http::Http;
 use super::scenario::TargetSpec;
 use super::LoadtestError;
 use crate::client::{Client, Event};
@@ -37,6 +37,11 @@ pub enum Target {
     },
     Socket(Socket),
     Http(Http),
+    /// A cluster the harness runs, and the client of its nodes (or of HAProxy in front).
+    Cluster {
+        http: Http,
+        cluster: HarnessCluster,
+    },
 }
 
 /// A daemon's socket, and the daemon itself when the harness runs it.
@@ -104,6 +109,27 @@ pub struct Totals {
     pub misses: u64,
     pub crashes: u64,
     pub restores: u64,
+}
+
+impl Totals {
+    pub fn of(stats: &Stats) -> Totals {
+        Totals {
+            hits: stats.pool.hits,
+            misses: stats.pool.misses,
+            crashes: stats.crashes,
+            restores: stats.restores,
+        }
+    }
+
+    /// These and `other` added up (two engines').
+    pub fn plus(self, other: Totals) -> Totals {
+        Totals {
+            hits: self.hits + other.hits,
+            misses: self.misses + other.misses,
+            crashes: self.crashes + other.crashes,
+            restores: self.restores + other.restores,
+        }
+    }
 }
 
 impl Target {
@@ -183,6 +209,27 @@ impl Target {
                 };
                 Target::Http(Http::new(url, token).map_err(unreachable)?)
             }
+            (
+                TargetSpec::Cluster {
+                    nodes,
+                    haproxy,
+                    binary,
+                    lease_ttl_s,
+                    durability,
+                },
+                None,
+            ) => {
+                let spec = ClusterSpec {
+                    nodes: *nodes,
+                    haproxy: *haproxy,
+                    binary: binary.as_deref(),
+                    lease_ttl_s: *lease_ttl_s,
+                    durability: *durability,
+                };
+                let cluster = HarnessCluster::start(&spec).await.map_err(unreachable)?;
+                let http = Http::cluster(&cluster.nodes(), cluster.front()).map_err(unreachable)?;
+                Target::Cluster { http, cluster }
+            }
         };
         match tokio::time::timeout(HEALTH_TIMEOUT, target.health()).await {
             Ok(Ok(())) => Ok(target),
@@ -199,7 +246,9 @@ impl Target {
         match self {
             Target::Embedded { engine, .. } => engine.stats().await.map(drop).map_err(kind),
             Target::Socket(socket) => socket.client().await.health().await.map(drop).map_err(kind),
-            Target::Http(http) => http.get::<Value>("/v1/health").await.map(drop),
+            Target::Http(http) | Target::Cluster { http, .. } => {
+                http.get::<Value>("/v1/health").await.map(drop)
+            }
         }
     }
 
@@ -225,7 +274,7 @@ impl Target {
                 let created = client.create_session(params).await.map_err(kind)?;
                 Ok(created.session_id)
             }
-            Target::Http(http) => {
+            Target::Http(http) | Target::Cluster { http, .. } => {
                 let body = json!({"name": name, "cwd": cwd.map(|dir| dir.to_string_lossy())});
                 let created: Value = http.post("/v1/sessions", &body).await?;
                 Ok(created["session_id"]
@@ -258,10 +307,13 @@ impl Target {
                 };
                 client.execute(params).await.map_err(kind)
             }
-            Target::Http(http) => {
+            Target::Http(http) | Target::Cluster { http, .. } => {
                 let body = json!({"code": code, "timeout_s": timeout.as_secs_f64()});
-                http.post(&format!("/v1/sessions/{session}/execute"), &body)
-                    .await
+                let result: ExecutionResult = http
+                    .post(&format!("/v1/sessions/{session}/execute"), &body)
+                    .await?;
+                http.answered(session, result.node.as_deref());
+                Ok(result)
             }
         }
     }
@@ -312,7 +364,7 @@ impl Target {
                 }
                 Err("stream_ended".into())
             }
-            Target::Http(_) => Err("input_unsupported".into()),
+            Target::Http(_) | Target::Cluster { .. } => Err("input_unsupported".into()),
         }
     }
 
@@ -324,7 +376,7 @@ impl Target {
                 session.interrupt().await.map_err(kind)
             }
             Target::Socket(socket) => socket.client().await.interrupt(session).await.map_err(kind),
-            Target::Http(http) => {
+            Target::Http(http) | Target::Cluster { http, .. } => {
                 let answer: Value = http
                     .post(&format!("/v1/sessions/{session}/interrupt"), &json!({}))
                     .await?;
@@ -347,7 +399,7 @@ impl Target {
                 .await
                 .map_err(kind)?
                 .checkpoint_id),
-            Target::Http(http) => {
+            Target::Http(http) | Target::Cluster { http, .. } => {
                 let taken: Value = http
                     .post(&format!("/v1/sessions/{session}/checkpoint"), &json!({}))
                     .await?;
@@ -373,7 +425,7 @@ impl Target {
                 .await
                 .map(drop)
                 .map_err(kind),
-            Target::Http(http) => {
+            Target::Http(http) | Target::Cluster { http, .. } => {
                 let body = json!({"checkpoint_id": id});
                 http.post::<Value>(&format!("/v1/sessions/{session}/restore"), &body)
                     .await
@@ -395,10 +447,12 @@ impl Target {
                 .close(session, false)
                 .await
                 .map_err(kind),
-            Target::Http(http) => http
-                .request::<Value>("DELETE", &format!("/v1/sessions/{session}"), None)
-                .await
-                .map(drop),
+            Target::Http(http) | Target::Cluster { http, .. } => {
+                http.request::<Value>("DELETE", &format!("/v1/sessions/{session}"), None)
+                    .await?;
+                http.forget(session);
+                Ok(())
+            }
         }
     }
 
@@ -412,7 +466,7 @@ impl Target {
             Target::Socket(socket) => {
                 Ok(socket.client().await.info(session).await.map_err(kind)?.pid)
             }
-            Target::Http(http) => {
+            Target::Http(http) | Target::Cluster { http, .. } => {
                 let info: Value = http.get(&format!("/v1/sessions/{session}")).await?;
                 Ok(info["pid"].as_u64().and_then(|pid| u32::try_from(pid).ok()))
             }
@@ -421,27 +475,23 @@ impl Target {
 
     /// The engine's totals of pool hits, crashes and restores.
     pub async fn totals(&self) -> Result<Totals, String> {
-        let (pool, crashes, restores) = match self {
+        match self {
             Target::Embedded { engine, .. } => {
                 let stats = engine.stats().await.map_err(kind)?;
-                (stats.pool, stats.crashes, stats.restores)
+                Ok(Totals {
+                    hits: stats.pool.hits,
+                    misses: stats.pool.misses,
+                    crashes: stats.crashes,
+                    restores: stats.restores,
+                })
             }
             Target::Socket(socket) => {
-                let client = socket.client().await;
-                let stats = client.stats().await.map_err(kind)?;
-                (stats.pool, stats.crashes, stats.restores)
+                let stats = socket.client().await.stats().await.map_err(kind)?;
+                Ok(Totals::of(&stats))
             }
-            Target::Http(http) => {
-                let stats: Stats = http.get("/v1/stats").await?;
-                (stats.pool, stats.crashes, stats.restores)
-            }
-        };
-        Ok(Totals {
-            hits: pool.hits,
-            misses: pool.misses,
-            crashes,
-            restores,
-        })
+            Target::Http(http) => Ok(Totals::of(&http.get::<Stats>("/v1/stats").await?)),
+            Target::Cluster { cluster, .. } => cluster.totals().await,
+        }
     }
 
     /// The process that runs the engine, for its memory and CPU: this one when embedded,
@@ -454,7 +504,16 @@ impl Target {
                 let pid = stream.peer_cred().ok()?.pid()?;
                 u32::try_from(pid).ok()
             }
-            Target::Http(_) => None,
+            Target::Http(_) | Target::Cluster { .. } => None,
+        }
+    }
+
+    /// The cluster the harness runs, and the client that knows which node answered for
+    /// each session.
+    pub fn cluster(&self) -> Option<(&HarnessCluster, &Http)> {
+        match self {
+            Target::Cluster { http, cluster } => Some((cluster, http)),
+            _ => None,
         }
     }
 
@@ -495,7 +554,7 @@ impl Target {
     pub fn daemon_restarts(&self) -> u64 {
         match self {
             Target::Socket(socket) => socket.restarts.load(Ordering::SeqCst),
-            Target::Embedded { .. } | Target::Http(_) => 0,
+            Target::Embedded { .. } | Target::Http(_) | Target::Cluster { .. } => 0,
         }
     }
 
@@ -522,98 +581,4 @@ fn configured_socket() -> Result<PathBuf, String> {
 /// message.
 fn kind(err: impl std::fmt::Display) -> String {
     err.to_string().chars().take(80).collect()
-}
-
-/// A minimal HTTP/1.1 client for the daemon's JSON API on a loopback address.
-pub struct Http {
-    /// `host:port`.
-    authority: String,
-    token: Option<String>,
-}
-
-impl Http {
-    fn new(url: &str, token: Option<String>) -> Result<Http, String> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("the url {url:?} must start with http://"))?;
-        let authority = rest.split('/').next().unwrap_or_default().to_owned();
-        if authority.is_empty() {
-            return Err(format!("the url {url:?} names no host"));
-        }
-        Ok(Http { authority, token })
-    }
-
-    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
-        self.request("GET", path, None).await
-    }
-
-    async fn post<T: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T, String> {
-        self.request("POST", path, Some(body)).await
-    }
-
-    async fn request<T: DeserializeOwned>(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-    ) -> Result<T, String> {
-        let body = body.map(Value::to_string).unwrap_or_default();
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: \
-             application/json\r\nContent-Length: {}\r\n",
-            self.authority,
-            body.len()
-        );
-        if let Some(token) = &self.token {
-            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
-        }
-        head.push_str("\r\n");
-        let mut stream = tokio::net::TcpStream::connect(&self.authority)
-            .await
-            .map_err(|err| format!("connect: {err}"))?;
-        stream
-            .write_all(format!("{head}{body}").as_bytes())
-            .await
-            .map_err(|err| format!("write: {err}"))?;
-        let mut response = Vec::new();
-        stream
-            .read_to_end(&mut response)
-            .await
-            .map_err(|err| format!("read: {err}"))?;
-        let text = String::from_utf8_lossy(&response);
-        let (head, rest) = text
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| "truncated HTTP response".to_owned())?;
-        let status: u16 = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .ok_or_else(|| "no HTTP status".to_owned())?;
-        let chunked = head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked");
-        let body = if chunked {
-            dechunk(rest)
-        } else {
-            rest.to_owned()
-        };
-        if !(200..300).contains(&status) {
-            return Err(format!("http {status}"));
-        }
-        serde_json::from_str(&body).map_err(|err| format!("bad JSON: {err}"))
-    }
-}
-
-/// The body of a chunked HTTP response.
-fn dechunk(mut rest: &str) -> String {
-    let mut body = String::new();
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if size == 0 || after.len() < size {
-            break;
-        }
-        body.push_str(&after[..size]);
-        rest = after[size..].trim_start_matches("\r\n");
-    }
-    body
 }

@@ -2,8 +2,8 @@
 //! lost-state detector against a deliberately injected loss, the report's arithmetic on an
 //! operation of known duration, the smoke scenario of examples/loadtest (which fails on any
 //! wrong answer or lost state), a socket run with client faults, a daemon killed and
-//! restarted under load, and the command's exit
-//! statuses and `--compare`.
+//! restarted under load, a cluster node killed and restarted under load, and the command's
+//! exit statuses and `--compare`.
 
 use crate::common;
 
@@ -90,6 +90,26 @@ fn scenario_mistakes_are_named_clearly() {
         debounced.contains("needs durability = \"reply\""),
         "{debounced}"
     );
+    let node_kill = |target: &str| {
+        scenario_error(&format!(
+            "iterations = 1\n[target]\n{target}\n[[op]]\nkind = \"checkpoint\"\n\
+             [[fault]]\nkind = \"node_kill\"\nat_s = [1]\n"
+        ))
+    };
+    let not_a_cluster = node_kill("kind = \"daemon\"");
+    assert!(
+        not_a_cluster.contains("needs the cluster target"),
+        "{not_a_cluster}"
+    );
+    let alone = node_kill("kind = \"cluster\"\nnodes = 1");
+    assert_eq!(
+        alone,
+        "fault[0] (node_kill): needs at least 2 nodes, so that another one takes the sessions over"
+    );
+    let no_nodes = node_kill("kind = \"cluster\"\nnodes = 0");
+    assert_eq!(no_nodes, "target.nodes: must be at least 1");
+    let no_lease = node_kill("kind = \"cluster\"\nlease_ttl_s = -1");
+    assert_eq!(no_lease, "target.lease_ttl_s: must be more than 0, got -1");
     let two_schedules = scenario_error(&format!(
         "{HEAD}[[op]]\nkind = \"checkpoint\"\n[[fault]]\nkind = \"kill_worker\"\nevery_s = 1\nat_s = [2]\n"
     ));
@@ -190,7 +210,7 @@ async fn the_smoke_scenario_passes_with_its_faults_recovered() {
 
 #[test]
 fn every_example_scenario_parses() {
-    for name in ["smoke", "chaos", "soak", "replay"] {
+    for name in ["smoke", "chaos", "soak", "replay", "cluster"] {
         let path = examples().join(format!("{name}.toml"));
         if let Err(err) = Scenario::from_file(&path) {
             panic!("{}: {err}", path.display());
@@ -253,6 +273,48 @@ async fn sessions_come_back_whole_after_the_daemon_is_killed_and_restarted() {
     // durability, although the daemon died without a word.
     assert!(report.ops[COUNTER].count > 20, "{text}");
     assert!(report.lost_state.is_empty(), "{text}");
+}
+
+/// The cluster target: the harness starts a throwaway PostgreSQL and two nodes, spreads the
+/// clients' sessions over them, and SIGKILLs the node holding the most; with reply durability
+/// each of its sessions answers again on the other node with nothing lost, and the node is
+/// started again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_sessions_answer_again_on_another_with_nothing_lost() {
+    let scenario = parse(&format!(
+        "duration_s = 8\nclients = 4\n[target]\nkind = \"cluster\"\nnodes = 2\n\
+         binary = {:?}\nlease_ttl_s = 1\ndurability = \"reply\"\n\
+         [[op]]\nkind = \"execute\"\ncode = \"x = 1\"\n[[op]]\nkind = \"checkpoint\"\n\
+         [[fault]]\nkind = \"node_kill\"\nat_s = [3]\nfor_s = 2\n",
+        env!("CARGO_BIN_EXE_pyvisor")
+    ))
+    .unwrap();
+    let report = loadtest::run(&scenario).await.expect("the cluster starts");
+    let text = report.text();
+    assert!(report.passed(), "{text}");
+    assert_eq!(report.wrong_answers, 0, "{text}");
+    assert!(report.lost_state.is_empty(), "{text}");
+    let [kill] = &report.faults[..] else {
+        panic!("one fault: {text}")
+    };
+    assert_eq!(kill.kind, "node_kill", "{text}");
+    // Four sessions spread over two nodes: the one killed held at least two, and each
+    // answered again (on the other node) before the run ended; the node came back.
+    assert!(kill.recovered, "{text}");
+    assert!(kill.failover_gaps_s.len() >= 2, "{text}");
+    assert!(kill.detail.contains("restarted after"), "{text}");
+    let failover = report
+        .failover
+        .as_ref()
+        .expect("a cluster run reports failover");
+    assert_eq!(failover.node_kills, 1, "{text}");
+    assert_eq!(
+        failover.sessions as usize,
+        kill.failover_gaps_s.len(),
+        "{text}"
+    );
+    // The clients went on checking their counters after the kill.
+    assert!(report.ops[COUNTER].count > 20, "{text}");
 }
 
 #[test]

@@ -1,6 +1,7 @@
-//! A throwaway PostgreSQL for the cluster tests, from Debian's packages: `initdb` in a temp
-//! dir, the server listening on a Unix socket in that dir only (no TCP), one server per test
-//! binary and one database per test.
+//! A throwaway PostgreSQL for the cluster tests (`pyvisor::loadtest::postgres`, which the
+//! load-test harness's cluster uses too): `initdb` in a temp dir, the server listening on a
+//! Unix socket in that dir only (no TCP), one server per test binary and one database per
+//! test.
 //!
 //! PostgreSQL refuses to run as root: as root (as CI runs), the server runs as the system user
 //! `pyvisor-pg`, which `scripts/test.sh` creates. Nothing is skipped: a server that cannot be
@@ -9,29 +10,18 @@
 
 #![allow(dead_code)] // the cluster tests and the cluster bench each use their own part
 
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tempfile::TempDir;
-
-/// The system user the server runs as when the tests run as root.
-pub const SERVER_USER: &str = "pyvisor-pg";
+use pyvisor::loadtest::postgres::{self as server, Postgres};
 
 /// The server's superuser, and the role the nodes connect as.
-pub const ROLE: &str = "pyvisor";
+pub const ROLE: &str = server::ROLE;
 
 /// The server of this test binary, started by the first test that asks for a database.
 static SERVER: Mutex<Option<Postgres>> = Mutex::new(None);
-
-/// A running PostgreSQL; stopped and removed when dropped.
-pub struct Postgres {
-    child: Child,
-    dir: TempDir,
-}
 
 /// A database of its own for one test.
 #[derive(Debug, Clone)]
@@ -130,7 +120,8 @@ pub async fn database() -> Database {
     let socket_dir = {
         let mut server = SERVER.lock().unwrap_or_else(|p| p.into_inner());
         if server.is_none() {
-            *server = Some(Postgres::start());
+            let started = Postgres::start().unwrap_or_else(|err| panic!("{err}"));
+            *server = Some(started);
             // SAFETY: `stop_server` is a plain function that only takes the server out of
             // its mutex and drops it; registering it has no other effect.
             unsafe { libc::atexit(stop_server) };
@@ -138,8 +129,7 @@ pub async fn database() -> Database {
         server
             .as_ref()
             .expect("started above")
-            .dir
-            .path()
+            .socket_dir()
             .to_owned()
     };
     let name = format!(
@@ -147,24 +137,9 @@ pub async fn database() -> Database {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     );
-    let admin = Database {
-        socket_dir: socket_dir.clone(),
-        name: "postgres".into(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let client = loop {
-        match connect(&admin.config()).await {
-            Ok(client) => break client,
-            Err(err) if Instant::now() > deadline => {
-                panic!("PostgreSQL never accepted a connection: {err}\n{}", log())
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create the test database");
+    if let Err(err) = server::create_database(&socket_dir, &name).await {
+        panic!("{err}")
+    }
     Database { socket_dir, name }
 }
 
@@ -177,142 +152,7 @@ async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Clie
     Ok(client)
 }
 
-/// The server's log so far.
-fn log() -> String {
-    let server = SERVER.lock().unwrap_or_else(|p| p.into_inner());
-    server
-        .as_ref()
-        .and_then(|server| std::fs::read_to_string(server.dir.path().join("server.log")).ok())
-        .unwrap_or_default()
-}
-
 extern "C" fn stop_server() {
     let server = SERVER.lock().unwrap_or_else(|p| p.into_inner()).take();
     drop(server);
-}
-
-impl Postgres {
-    fn start() -> Postgres {
-        let bin = bin_dir();
-        let (uid, gid) = server_ids();
-        let dir = tempfile::Builder::new()
-            .prefix("pyvisor-pg-")
-            .tempdir()
-            .expect("create the server's temp dir");
-        if let Some(uid) = uid {
-            std::os::unix::fs::chown(dir.path(), Some(uid), gid)
-                .expect("give the server's dir to its user");
-        }
-        let data = dir.path().join("data");
-        let initdb = as_server_user(Command::new(bin.join("initdb")), uid, gid)
-            .current_dir(dir.path())
-            .args([
-                "--no-sync",
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--username",
-                ROLE,
-            ])
-            .arg("-D")
-            .arg(&data)
-            .output()
-            .unwrap_or_else(|e| panic!("run {}: {e}", bin.join("initdb").display()));
-        assert!(
-            initdb.status.success(),
-            "initdb failed: {}{}",
-            String::from_utf8_lossy(&initdb.stdout),
-            String::from_utf8_lossy(&initdb.stderr)
-        );
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("the server log");
-        if let Some(uid) = uid {
-            std::os::unix::fs::chown(dir.path().join("server.log"), Some(uid), gid)
-                .expect("give the log to the server's user");
-        }
-        let child = as_server_user(Command::new(bin.join("postgres")), uid, gid)
-            .current_dir(dir.path())
-            .arg("-D")
-            .arg(&data)
-            .arg("-k")
-            .arg(dir.path())
-            .args(["-c", "listen_addresses=", "-c", "fsync=off"])
-            .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", bin.join("postgres").display()));
-        Postgres { child, dir }
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        // SIGINT is PostgreSQL's fast shutdown: it ends the backends and exits.
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Runs `command` as the server's user when one is given.
-fn as_server_user(mut command: Command, uid: Option<u32>, gid: Option<u32>) -> Command {
-    if let (Some(uid), Some(gid)) = (uid, gid) {
-        command.uid(uid).gid(gid).env("HOME", "/tmp");
-    }
-    command
-}
-
-/// The uid and gid of [`SERVER_USER`] as root, none otherwise.
-fn server_ids() -> (Option<u32>, Option<u32>) {
-    if !nix::unistd::Uid::effective().is_root() {
-        return (None, None);
-    }
-    match nix::unistd::User::from_name(SERVER_USER) {
-        Ok(Some(user)) => (Some(user.uid.as_raw()), Some(user.gid.as_raw())),
-        _ => panic!(
-            "PostgreSQL refuses to run as root, and there is no user {SERVER_USER} to run it as: \
-             run scripts/test.sh once as root, which creates it"
-        ),
-    }
-}
-
-/// The directory of PostgreSQL's server binaries: `pg_config --bindir`, else the newest
-/// version under `/usr/lib/postgresql` (Debian's layout).
-fn bin_dir() -> PathBuf {
-    let from_pg_config = Command::new("pg_config")
-        .arg("--bindir")
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-        .filter(|dir| dir.join("initdb").exists() && dir.join("postgres").exists());
-    if let Some(dir) = from_pg_config {
-        return dir;
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let version = entry.file_name().to_str()?.parse().ok()?;
-            let bin = entry.path().join("bin");
-            bin.join("postgres").exists().then_some((version, bin))
-        })
-        .collect();
-    versions.sort();
-    match versions.pop() {
-        Some((_, bin)) => bin,
-        None => panic!(
-            "no PostgreSQL server binaries (initdb, postgres) under /usr/lib/postgresql: \
-             run scripts/test.sh once as root, which installs Debian's postgresql package"
-        ),
-    }
 }
