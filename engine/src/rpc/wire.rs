@@ -357,6 +357,9 @@ pub struct SessionInfo {
     /// The session's limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitsInfo>,
+    /// The cluster node that answered (docs/cluster.md); absent on a single node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// One definition of `session.info`.

@@ -526,6 +526,7 @@ async fn every_session_method_reaches_the_holder_through_another_node() {
     let info = conn.call("session.info", on(json!({}))).await;
     assert_eq!(info["session_id"], session.as_str(), "{info}");
     assert_eq!(info["owner"], "alice", "{info}");
+    assert_eq!(info["node"], "node-a", "the holder answered: {info}");
     let taken = conn.call("session.checkpoint", on(json!({}))).await;
     let listed = conn.call("session.checkpoints", on(json!({}))).await;
     assert_eq!(

@@ -286,6 +286,11 @@ impl Dispatcher {
         self.cluster.get().is_some_and(|node| node.is_draining())
     }
 
+    /// The id of the cluster node this dispatcher serves, if it is one.
+    pub(super) fn node_id(&self) -> Option<String> {
+        self.cluster.get().map(|node| node.node_id().to_owned())
+    }
+
     /// Notes a result's execution count for the heartbeat, says which node ran it, and gives
     /// the first result of a session taken over what it came back with. With `[state]
     /// durability = "reply"`, the result waits for its checkpoint to reach the store, and

@@ -257,10 +257,12 @@ impl Dispatcher {
         params: wire::SessionRef,
     ) -> Result<wire::SessionInfo, RpcError> {
         let session = self.session(at, &params.session_id).await?;
-        session_info(&session).await.map_err(|err| {
+        let mut info = session_info(&session).await.map_err(|err| {
             self.sessions.forget_if_closed(&err);
             RpcError::from(err)
-        })
+        })?;
+        info.node = self.node_id();
+        Ok(info)
     }
 
     /// `params.owner` was taken out by [`Dispatcher::call`] into the scope.
@@ -273,7 +275,15 @@ impl Dispatcher {
         let sessions = self.engine.sessions(at.owner.as_deref()).await?;
         let infos = futures::future::join_all(sessions.iter().map(session_info)).await;
         // A session closed between the listing and its info is no longer in the list.
-        Ok(infos.into_iter().filter_map(Result::ok).collect())
+        let node = self.node_id();
+        Ok(infos
+            .into_iter()
+            .filter_map(Result::ok)
+            .map(|info| wire::SessionInfo {
+                node: node.clone(),
+                ..info
+            })
+            .collect())
     }
 
     pub(super) async fn close(

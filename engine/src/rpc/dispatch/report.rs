@@ -79,6 +79,7 @@ pub(super) async fn session_info(session: &Session) -> Result<wire::SessionInfo,
         containment: snapshot.containment.map(str::to_owned),
         definitions,
         limits: Some(limits),
+        node: None,
     })
 }
 
