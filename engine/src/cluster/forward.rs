@@ -245,6 +245,9 @@ impl Forwarder {
         out: &Outbound,
     ) -> Result<Box<RawValue>, RpcError> {
         let mut pending: Vec<u8> = Vec::new();
+        // How much of `pending` holds no line end: a long line that comes in many chunks is
+        // scanned once, not once per chunk.
+        let mut scanned = 0;
         let mut unanswered = UnansweredInput(None);
         loop {
             let chunk = tokio::select! {
@@ -262,8 +265,9 @@ impl Forwarder {
                 Err(err) => return Err(broken(base, err)),
             };
             pending.extend_from_slice(&chunk);
-            while let Some(end) = pending.iter().position(|&byte| byte == b'\n') {
-                let line: Vec<u8> = pending.drain(..=end).collect();
+            while let Some(found) = pending[scanned..].iter().position(|&byte| byte == b'\n') {
+                let line: Vec<u8> = pending.drain(..=scanned + found).collect();
+                scanned = 0;
                 let line = String::from_utf8(line).map_err(|err| not_json(base, err))?;
                 let line = line.trim_end();
                 let parsed: Line = serde_json::from_str(line).map_err(|err| not_json(base, err))?;
@@ -288,6 +292,7 @@ impl Forwarder {
                     return Err(caller_gone());
                 }
             }
+            scanned = pending.len();
         }
     }
 
