@@ -231,6 +231,28 @@ pub(super) fn materialize(
     Ok(target)
 }
 
+/// Hard-links the blob `blob` of `from_dir` (another session's blobs directory) into
+/// `to_dir`, as it is stored there: raw or compressed. Returns whether it is raw, and the
+/// length of the file linked. The raw file is tried first: compression renames the compressed file in before it removes the raw one,
+/// so one of the two is always there until the blob is collected (then: `NotFound`).
+pub(super) fn link(from_dir: &Path, to_dir: &Path, blob: &BlobRef) -> io::Result<(bool, u64)> {
+    let raw = blob.file_name();
+    for (name, is_raw) in [(raw.clone(), true), (raw + COMPRESSED_SUFFIX, false)] {
+        let linked = to_dir.join(&name);
+        match fs::hard_link(from_dir.join(&name), &linked) {
+            // When it exists, it is the same content (the name is its hash).
+            Ok(()) => return Ok((is_raw, fs::symlink_metadata(&linked)?.len())),
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => return Ok((is_raw, 0)),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(err),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("blob {} is gone", blob.file_name()),
+    ))
+}
+
 /// Stores the blob `blob` of `blobs_dir` compressed when a sample says that pays: writes
 /// `<hash>.zst` beside it, and `swap` (which holds the store's lock of the session) runs the
 /// step that replaces the raw blob with it. Returns the bytes saved.

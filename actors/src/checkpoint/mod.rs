@@ -81,6 +81,6 @@ pub use meta::{
     CheckpointId, CheckpointInfo, CheckpointMeta, LoadedCheckpoint, LostName, SkippedCheckpoint,
 };
 pub use store::{
-    CheckpointStore, CheckpointStoreConfig, NewCheckpoint, StoredOptions, DEFAULT_MAX_BYTES,
-    DEFAULT_RETENTION, DEFAULT_SESSION_DISK_BYTES, DEFAULT_TOTAL_DISK_BYTES,
+    CheckpointSeed, CheckpointStore, CheckpointStoreConfig, NewCheckpoint, StoredOptions,
+    DEFAULT_MAX_BYTES, DEFAULT_RETENTION, DEFAULT_SESSION_DISK_BYTES, DEFAULT_TOTAL_DISK_BYTES,
 };

@@ -35,6 +35,8 @@ use listing::{
     system_time,
 };
 pub use options::StoredOptions;
+pub use seed::CheckpointSeed;
+use seed::SeedGroups;
 
 /// How many checkpoints a session keeps by default. Checkpoints share the blobs of the groups
 /// they have in common, so keeping many costs only their differences.
@@ -97,6 +99,9 @@ pub struct NewCheckpoint<'a> {
     pub groups: &'a [NewGroup],
     /// The most the groups' blobs may hold together (the session's own limit).
     pub max_state_bytes: u64,
+    /// Another session's checkpoint whose groups an unchanged group may be (a clone's first
+    /// checkpoint: its source's latest), linked in when no retained checkpoint has it.
+    pub seed: Option<&'a CheckpointSeed>,
 }
 
 /// The checkpoints of every session, as files under one state directory.
@@ -171,6 +176,7 @@ impl CheckpointStore {
                 payload,
                 groups: &[],
                 max_state_bytes: self.config.max_bytes as u64,
+                seed: None,
             },
         )
     }
@@ -181,7 +187,7 @@ impl CheckpointStore {
     ///
     /// Fails with [`CheckpointError::TooLarge`] when the payload or the state is over its
     /// limit, [`CheckpointError::UnknownGroup`] when an unchanged group is in no retained
-    /// checkpoint, and [`CheckpointError::DiskFull`] when the checkpoint alone would take the
+    /// checkpoint (nor in the seed), and [`CheckpointError::DiskFull`] when the checkpoint alone would take the
     /// session or the store over its disk cap. Whatever fails, the blob files given are gone
     /// afterwards and the session's earlier checkpoints are untouched.
     pub fn save_checkpoint(
@@ -220,20 +226,25 @@ impl CheckpointStore {
         self.collect_garbage(&dir);
         let written = session_usage(&dir);
         self.account(usage_before, written);
-        let (mut info, new_blobs) = outcome?;
+        let (mut info, new_blobs, linked_bytes) = outcome?;
         self.enforce_caps(session, &dir, &info, written)?;
-        info.written_bytes = Some(written.saturating_sub(usage_before).max(info.file_bytes));
+        let added = written
+            .saturating_sub(usage_before)
+            .saturating_sub(linked_bytes);
+        info.written_bytes = Some(added.max(info.file_bytes));
         self.compress_later(&dir, new_blobs);
         Ok(info)
     }
 
-    /// Takes the new blobs in and writes the checkpoint file; pruning and caps come after.
+    /// Takes the new blobs in (and links the seed's) and writes the checkpoint file; pruning
+    /// and caps come after. Returns the checkpoint, the blobs to compress where that pays,
+    /// and the bytes of the files linked from the seed.
     fn write_checkpoint(
         &self,
         session: &str,
         dir: &Path,
         checkpoint: NewCheckpoint<'_>,
-    ) -> Result<(CheckpointInfo, Vec<BlobRef>), CheckpointError> {
+    ) -> Result<(CheckpointInfo, Vec<BlobRef>, u64), CheckpointError> {
         let blobs_dir = dir.join(BLOBS_DIR);
         if !checkpoint.groups.is_empty() {
             create_private_dir(&blobs_dir).map_err(io_error("create", &blobs_dir))?;
@@ -242,16 +253,28 @@ impl CheckpointStore {
         let max_state = checkpoint.max_state_bytes.min(self.config.max_bytes as u64);
         let mut groups = Vec::with_capacity(checkpoint.groups.len());
         let mut new_blobs = Vec::new();
+        let mut seed = SeedGroups::new(self, checkpoint.seed);
+        // Bytes of blobs linked in from the seed, which take no more disk than before.
+        let mut linked_bytes = 0u64;
         let mut state_bytes = 0u64;
         for group in checkpoint.groups {
             let blob = match &group.source {
                 GroupSource::Unchanged => match retained.get(group.token.as_str()) {
                     Some(blob) => *blob,
-                    None => {
-                        return Err(CheckpointError::UnknownGroup {
-                            token: group.token.clone(),
-                        })
-                    }
+                    None => match seed.link(&group.token, &blobs_dir) {
+                        Some((blob, raw, bytes)) => {
+                            linked_bytes += bytes;
+                            if raw {
+                                new_blobs.push(blob);
+                            }
+                            blob
+                        }
+                        None => {
+                            return Err(CheckpointError::UnknownGroup {
+                                token: group.token.clone(),
+                            })
+                        }
+                    },
                 },
                 GroupSource::File(path) => {
                     let (blob, added) = blobs::ingest(&blobs_dir, path, max_state)?;
@@ -326,7 +349,7 @@ impl CheckpointStore {
                         state_bytes,
                         written_bytes: None,
                     };
-                    return Ok((info, new_blobs));
+                    return Ok((info, new_blobs, linked_bytes));
                 }
                 Err(err) if err.error.kind() == io::ErrorKind::AlreadyExists => {
                     envelope.sequence = next_sequence(dir)?.max(envelope.sequence + 1);
@@ -617,5 +640,6 @@ pub(super) fn io_error<'a>(
 mod disk;
 mod listing;
 mod options;
+mod seed;
 #[cfg(test)]
 mod tests;

@@ -2,6 +2,11 @@
 //! clones of itself between executions (the fork frame waits in the worker behind a running
 //! execution, and executions queued here go after it), then adopts each clone as a worker of
 //! the session's kind, on this session's arbiter. The registry makes sessions of them.
+//!
+//! A clone's worker inherits its source's record of the groups of names its latest checkpoint
+//! holds. When that record is what the store holds at the fork, the clone is seeded with that
+//! checkpoint ([`SeedFromFork`]): its first checkpoint writes only the groups changed since,
+//! and the store links the others' blobs in from the source's lineage.
 
 use std::collections::HashMap;
 
@@ -10,6 +15,7 @@ use pyvisor_protocol::{ForkedClone, HostMessage};
 use tokio::sync::oneshot;
 
 use super::{SessionActor, State};
+use crate::checkpoint::CheckpointSeed;
 use crate::errors::SessionError;
 use crate::limits::SessionLimits;
 use crate::worker::{Worker, WorkerSpec};
@@ -35,6 +41,16 @@ pub struct ForkedWorkers {
     pub threads: u32,
     /// The arbiter the clones' pipes are served on.
     pub arbiter: ArbiterHandle,
+    /// The source's checkpoint that the clones' record of groups describes, if any.
+    pub seed: Option<CheckpointSeed>,
+}
+
+/// Take the first checkpoint of a clone, seeded with its source's checkpoint `seed` when
+/// there is one (else written whole).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SeedFromFork {
+    pub seed: Option<CheckpointSeed>,
 }
 
 /// What the worker answered to a fork.
@@ -101,6 +117,8 @@ impl Handler<ForkWorkers> for SessionActor {
         }
         let (reply, answer) = oneshot::channel();
         self.forks.pending.insert(id, reply);
+        let seed = (self.setup.state.as_ref())
+            .and_then(|state| self.durability.seed_for_clone(&state.key));
         let source_pid = worker.pid();
         let confinement = worker.shared_confinement();
         let spec = self.setup.spec.clone();
@@ -131,7 +149,21 @@ impl Handler<ForkWorkers> for SessionActor {
                 limits,
                 threads: report.threads,
                 arbiter: Arbiter::current(),
+                seed,
             })
         })
+    }
+}
+
+impl Handler<SeedFromFork> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SeedFromFork, ctx: &mut Context<Self>) {
+        if let Some(seed) = msg.seed {
+            self.durability.seed_from(seed);
+        }
+        if let Err(err) = self.start_checkpoint(None, ctx) {
+            tracing::debug!(session = %self.session_id, error = %err, "a clone's first checkpoint");
+        }
     }
 }

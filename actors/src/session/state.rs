@@ -25,7 +25,8 @@ use super::durability::{LastCheckpoint, Ledger};
 use super::messages::{CheckpointSummary, RestoreSummary};
 use super::{SessionActor, State};
 use crate::checkpoint::{
-    CheckpointError, CheckpointMeta, CheckpointStore, GroupSource, NewCheckpoint, NewGroup,
+    CheckpointError, CheckpointMeta, CheckpointSeed, CheckpointStore, GroupSource, NewCheckpoint,
+    NewGroup,
 };
 use crate::errors::SessionError;
 use crate::execution::{ErrorInfo, ExecutionStatus, Recovered, ResultValue};
@@ -205,9 +206,12 @@ pub(super) struct Durability {
     /// Executions that may have changed the namespace since the last checkpoint request.
     changes: u32,
     pub ledger: Ledger,
-    /// The worker's record of the groups it last reported matches what the store holds, so
-    /// its next checkpoint may leave unchanged groups out.
+    /// The worker's record of the groups it last reported matches what the store holds (or
+    /// the seed), so its next checkpoint may leave unchanged groups out.
     incremental: bool,
+    /// A clone's source's checkpoint, which the clone's worker's record of groups describes
+    /// until the clone's first checkpoint is stored (see `session::forking`).
+    seed: Option<CheckpointSeed>,
     auto_timer: Option<SpawnHandle>,
     /// To report with the next result: what came back after the worker died.
     pub recovered: Option<Recovered>,
@@ -250,6 +254,37 @@ impl Durability {
     fn checkpoint_failed(&mut self, reason: String) {
         self.ledger.failed(reason);
         self.incremental = false;
+        self.seed = None;
+    }
+
+    /// The checkpoint the worker's record of its groups describes, as a seed for a clone
+    /// forked now: only while that record is what the store holds, with no checkpoint or
+    /// restore in flight and the last checkpoint stored.
+    pub(super) fn seed_for_clone(&mut self, key: &str) -> Option<CheckpointSeed> {
+        let in_flight = self.pending.values().any(|pending| {
+            matches!(
+                pending,
+                Pending::Checkpoint { .. } | Pending::Restore { .. }
+            )
+        });
+        let stored = self.last_turn.as_mut().is_none_or(|turn| {
+            matches!(turn.try_recv(), Err(oneshot::error::TryRecvError::Closed))
+        });
+        let last = self
+            .ledger
+            .last
+            .filter(|_| self.incremental && !in_flight && stored)?;
+        Some(CheckpointSeed {
+            key: key.to_owned(),
+            checkpoint: last.id,
+        })
+    }
+
+    /// This session is a clone whose worker's record of groups describes `seed`: its next
+    /// checkpoint names those groups unchanged and the store links their blobs in.
+    pub(super) fn seed_from(&mut self, seed: CheckpointSeed) {
+        self.seed = Some(seed);
+        self.incremental = true;
     }
 }
 
@@ -390,7 +425,13 @@ impl SessionActor {
             }
             return;
         }
-        let (store, key, max_bytes) = (setup.store.clone(), setup.key.clone(), setup.max_bytes);
+        let destination = Destination {
+            store: setup.store.clone(),
+            key: setup.key.clone(),
+            max_bytes: setup.max_bytes,
+            seed: self.durability.seed.clone(),
+        };
+        let seeded = destination.seed.is_some();
         let meta = CheckpointMeta {
             execution_count,
             names_saved: report.saved.clone(),
@@ -404,15 +445,7 @@ impl SessionActor {
                 let _ = std::fs::remove_dir_all(&dir);
                 return None;
             }
-            let stored = store_checkpoint(
-                &store,
-                &key,
-                &dir,
-                &meta,
-                &report.index,
-                report.groups,
-                max_bytes,
-            );
+            let stored = store_checkpoint(&destination, &dir, &meta, &report.index, report.groups);
             let _ = std::fs::remove_dir_all(&dir);
             Some(stored)
         };
@@ -447,6 +480,7 @@ impl SessionActor {
                     };
                     act.durability.ledger.stored(last, mark, lost.clone());
                     act.durability.incremental = true;
+                    act.durability.seed = None;
                     Ok(CheckpointSummary {
                         checkpoint_id: info.id.to_string(),
                         bytes: written,
@@ -468,6 +502,10 @@ impl SessionActor {
             }
             if let Some(reply) = reply {
                 let _ = reply.send(outcome);
+            } else if seeded && outcome.is_err() {
+                // The source's blobs went before they were linked (pruned, say): the clone's
+                // state is written whole at once rather than at its next change.
+                let _ = act.start_checkpoint(None, ctx);
             }
             // Changes that came while this one was written may be due now.
             act.maybe_auto_checkpoint(ctx);
@@ -600,6 +638,7 @@ impl SessionActor {
         }
         // The next worker has no record of any group.
         self.durability.incremental = false;
+        self.durability.seed = None;
         if !crashed {
             return None;
         }
@@ -609,15 +648,24 @@ impl SessionActor {
     }
 }
 
+/// Where a session's checkpoint is stored, and on what terms.
+struct Destination {
+    store: CheckpointStore,
+    /// The session's key in the store.
+    key: String,
+    /// The largest state the checkpoint may hold.
+    max_bytes: u64,
+    /// The source's checkpoint a clone's first checkpoint may link groups from.
+    seed: Option<CheckpointSeed>,
+}
+
 /// Takes the blob files of a reported checkpoint into the store, with `index` as payload.
 fn store_checkpoint(
-    store: &CheckpointStore,
-    key: &str,
+    to: &Destination,
     dir: &Path,
     meta: &CheckpointMeta,
     index: &serde_json::Value,
     groups: Vec<CheckpointGroup>,
-    max_bytes: u64,
 ) -> Result<crate::checkpoint::CheckpointInfo, CheckpointError> {
     let io = |reason: &str| CheckpointError::Io {
         action: "take in the checkpoint of",
@@ -639,13 +687,14 @@ fn store_checkpoint(
         });
     }
     let payload = serde_json::to_vec(index).map_err(|err| io(&err.to_string()))?;
-    store.save_checkpoint(
-        key,
+    to.store.save_checkpoint(
+        &to.key,
         NewCheckpoint {
             meta,
             payload: &payload,
             groups: &new_groups,
-            max_state_bytes: max_bytes,
+            max_state_bytes: to.max_bytes,
+            seed: to.seed.as_ref(),
         },
     )
 }

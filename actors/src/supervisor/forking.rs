@@ -3,8 +3,9 @@
 //! fork its worker ([`ForkWorkers`]), and makes a session of each clone: a new id, the
 //! source's owner and limits, its own process group and cgroup (given as its worker was
 //! adopted), its own checkpoints (a first one is taken in the background at once, so that a
-//! crash of the clone comes back to the fork rather than to nothing) and its own crash
-//! recovery, by its own worker kind.
+//! crash of the clone comes back to the fork rather than to nothing; seeded with the source's
+//! latest checkpoint when it can be, see `session::forking`) and its own crash recovery, by
+//! its own worker kind.
 
 use std::time::Instant;
 
@@ -14,7 +15,7 @@ use super::messages::{SessionHandle, SessionOptions};
 use super::RegistryActor;
 use crate::errors::SupervisorError;
 use crate::pool::{Lease, Release, ReserveClones};
-use crate::session::{CheckpointNow, ForkWorkers};
+use crate::session::{ForkWorkers, SeedFromFork};
 
 /// Fork the session `session` (an id or a name within `owner`'s reach) into `names.len()`
 /// clones, or `count` unnamed ones when `names` is empty.
@@ -125,7 +126,9 @@ impl Handler<ForkSession> for RegistryActor {
                 };
                 match act.start_session(lease, options, forked.spec.clone(), false, ctx) {
                     Ok(handle) => {
-                        handle.addr.do_send(CheckpointNow);
+                        handle.addr.do_send(SeedFromFork {
+                            seed: forked.seed.clone(),
+                        });
                         sessions.push(handle);
                     }
                     Err(err) => tracing::warn!(error = %err, "a clone could not become a session"),

@@ -370,6 +370,7 @@ pub async fn download(
                 payload: &payload,
                 groups: &groups,
                 max_state_bytes: u64::MAX,
+                seed: None,
             },
         );
         drop(dir);

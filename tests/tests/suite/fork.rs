@@ -1,7 +1,8 @@
 //! `Session::fork` (docs/protocol.md `session.fork`) on real workers: clones start from the
 //! source's namespace and diverge, the source never sees a clone's change, a fork waits for a
-//! running execution, a killed clone comes back from its own checkpoints, threads are said to
-//! be gone, and the count and quota limits hold.
+//! running execution, a killed clone comes back from its own checkpoints (the first one
+//! linking what its source had stored), threads are said to be gone, and the count and quota
+//! limits hold.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,22 @@ async fn value(session: &Session, code: &str) -> String {
         result.error
     );
     result.result.expect("a value").repr
+}
+
+/// One clone of `source`, once its first checkpoint (taken at the fork, in the background)
+/// is stored.
+async fn checkpointed_clone(source: &Session) -> Session {
+    let clone = within(source.fork(1, vec![]))
+        .await
+        .unwrap()
+        .sessions
+        .remove(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while clone.checkpoints().await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the clone never checkpointed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    clone
 }
 
 #[tokio::test]
@@ -109,17 +126,7 @@ async fn a_killed_clone_comes_back_from_its_own_checkpoints() {
         .await
         .unwrap();
     value(&source, "data = {'from': 'source'}\n1").await;
-    let clone = within(source.fork(1, vec![]))
-        .await
-        .unwrap()
-        .sessions
-        .remove(0);
-    // The clone's first checkpoint, taken at the fork in the background.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while clone.checkpoints().await.unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "the clone never checkpointed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let clone = checkpointed_clone(&source).await;
     value(&clone, "data['clone'] = True\nunsaved = 1\n1").await;
     let killed = run(
         &clone,
@@ -139,6 +146,61 @@ async fn a_killed_clone_comes_back_from_its_own_checkpoints() {
         value(&source, "data").await,
         "{'from': 'source', 'source': 'later'}"
     );
+}
+
+/// Blob files of every session under `state` of at least `min_bytes`: (inode, link count).
+fn large_blobs(state: &std::path::Path, min_bytes: u64) -> Vec<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let sessions = std::fs::read_dir(state.join("sessions")).unwrap();
+    let blob_dirs = sessions.flatten().map(|entry| entry.path().join("blobs"));
+    blob_dirs
+        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+        .filter_map(|blob| blob.metadata().ok())
+        .filter(|meta| meta.len() >= min_bytes)
+        .map(|meta| (meta.ino(), meta.nlink()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_clones_first_checkpoint_links_what_its_source_had_stored() {
+    let state = pyvisor_tests::state_dir();
+    let engine = engine_with(EngineConfig {
+        state: pyvisor::StateConfig {
+            dir: Some(state.clone()),
+            ..manual_checkpoints()
+        },
+        ..EngineConfig::default()
+    })
+    .await;
+    let source = engine
+        .create_session(SessionOptions::default())
+        .await
+        .unwrap();
+    let digest = "hashlib.sha256(big).hexdigest()";
+    value(
+        &source,
+        "import hashlib, os\nbig = os.urandom(8 << 20)\nsmall = {'n': 1}\n1",
+    )
+    .await;
+    let sum = value(&source, digest).await;
+    within(source.checkpoint()).await.unwrap();
+    // Changed after the source's checkpoint: the clone must write this group itself.
+    value(&source, "small['n'] = 2\n1").await;
+    let clone = checkpointed_clone(&source).await;
+    let big_blobs = large_blobs(&state, 8 << 20);
+    assert_eq!(
+        big_blobs, [big_blobs[0]; 2],
+        "the clone's checkpoint links the source's blob, not a copy of its own"
+    );
+    assert_eq!(big_blobs[0].1, 2);
+
+    // The clone's lineage stands alone: the source and its checkpoints go, then the clone
+    // crashes and comes back from its own checkpoint, with the change made before the fork.
+    within(source.close()).await.unwrap();
+    let killed = run(&clone, "os.kill(os.getpid(), 9)").await;
+    assert_eq!(killed.status, ExecutionStatus::Crashed);
+    assert_eq!(value(&clone, "small").await, "{'n': 2}");
+    assert_eq!(value(&clone, digest).await, sum);
 }
 
 #[tokio::test]

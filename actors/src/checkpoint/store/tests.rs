@@ -574,13 +574,22 @@ fn save_groups(
     store: &CheckpointStore,
     groups: &[NewGroup],
 ) -> Result<CheckpointInfo, CheckpointError> {
+    save_groups_of(store, SESSION, groups)
+}
+
+fn save_groups_of(
+    store: &CheckpointStore,
+    session: &str,
+    groups: &[NewGroup],
+) -> Result<CheckpointInfo, CheckpointError> {
     store.save_checkpoint(
-        SESSION,
+        session,
         NewCheckpoint {
             meta: &meta(1),
             payload: b"index",
             groups,
             max_state_bytes: u64::MAX,
+            seed: None,
         },
     )
 }
@@ -772,6 +781,7 @@ fn a_state_over_the_sessions_limit_is_refused() {
                     blob_file(&scratch, "b", &[2; 600]),
                 ],
                 max_state_bytes: 1000,
+                seed: None,
             },
         )
         .unwrap_err();
@@ -859,3 +869,5 @@ fn a_blob_that_compresses_well_is_stored_compressed_and_loads_back_as_it_was() {
         Err(CheckpointError::Corrupt { .. })
     ));
 }
+
+mod seeding;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use pyvisor_protocol::CheckpointGroup;
 
-use super::{is_plain_file_name, store_checkpoint};
+use super::{is_plain_file_name, store_checkpoint, Destination};
 use crate::checkpoint::{CheckpointError, CheckpointMeta, CheckpointStore, CheckpointStoreConfig};
 
 fn group(file: &str) -> CheckpointGroup {
@@ -20,14 +20,18 @@ fn group(file: &str) -> CheckpointGroup {
 
 fn report(store: &CheckpointStore, dir: &Path, file: &str) -> Result<(), CheckpointError> {
     let index = serde_json::json!({"format": 2});
+    let destination = Destination {
+        store: store.clone(),
+        key: "id:s-1".into(),
+        max_bytes: u64::MAX,
+        seed: None,
+    };
     store_checkpoint(
-        store,
-        "id:s-1",
+        &destination,
         dir,
         &CheckpointMeta::default(),
         &index,
         vec![group(file)],
-        u64::MAX,
     )
     .map(drop)
 }
