@@ -55,7 +55,7 @@ mod worker_events;
 pub use completion::{Complete, Completion, MAX_COMPLETE_BYTES};
 pub use durability::DurabilityReport;
 pub use events::{Executed, SessionEvent, Speculated, Subscribers};
-pub use forking::{ForkWorkers, ForkedWorkers, SeedFromFork};
+pub use forking::{ForkWorkers, ForkedWorkers, StartClone};
 pub use llm_calls::LlmLink;
 pub use messages::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Drain, EventSender, Execute,

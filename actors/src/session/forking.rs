@@ -3,10 +3,13 @@
 //! execution, and executions queued here go after it), then adopts each clone as a worker of
 //! the session's kind, on this session's arbiter. The registry makes sessions of them.
 //!
-//! A clone's worker inherits its source's record of the groups of names its latest checkpoint
-//! holds. When that record is what the store holds at the fork, the clone is seeded with that
-//! checkpoint ([`SeedFromFork`]): its first checkpoint writes only the groups changed since,
-//! and the store links the others' blobs in from the source's lineage.
+//! A clone goes on from its source ([`StartClone`]): it counts its executions on from the
+//! source's count at the fork, so its cells never take the names (`<cell-N>`, in tracebacks
+//! and `inspect`) of the source's cells whose functions it holds. And its worker inherits the
+//! source's record of the groups of names its latest checkpoint holds: when that record is
+//! what the store holds at the fork, the clone is seeded with that checkpoint, its first
+//! checkpoint writes only the groups changed since, and the store links the others' blobs in
+//! from the source's lineage.
 
 use std::collections::HashMap;
 
@@ -41,15 +44,18 @@ pub struct ForkedWorkers {
     pub threads: u32,
     /// The arbiter the clones' pipes are served on.
     pub arbiter: ArbiterHandle,
-    /// The source's checkpoint that the clones' record of groups describes, if any.
-    pub seed: Option<CheckpointSeed>,
+    /// What each clone goes on from.
+    pub start: StartClone,
 }
 
-/// Take the first checkpoint of a clone, seeded with its source's checkpoint `seed` when
-/// there is one (else written whole).
-#[derive(Message)]
+/// What a new clone takes from its source at the fork, before anything else: its execution
+/// count, and the seed of its first checkpoint, taken at once (written whole without one).
+#[derive(Message, Clone)]
 #[rtype(result = "()")]
-pub struct SeedFromFork {
+pub struct StartClone {
+    /// The source's executions that reached its worker before the fork.
+    pub execution_count: u64,
+    /// The source's checkpoint that the clone's record of groups describes, if any.
     pub seed: Option<CheckpointSeed>,
 }
 
@@ -117,8 +123,11 @@ impl Handler<ForkWorkers> for SessionActor {
         }
         let (reply, answer) = oneshot::channel();
         self.forks.pending.insert(id, reply);
-        let seed = (self.setup.state.as_ref())
-            .and_then(|state| self.durability.seed_for_clone(&state.key));
+        let start = StartClone {
+            execution_count: self.last_started_count(),
+            seed: (self.setup.state.as_ref())
+                .and_then(|state| self.durability.seed_for_clone(&state.key)),
+        };
         let source_pid = worker.pid();
         let confinement = worker.shared_confinement();
         let spec = self.setup.spec.clone();
@@ -149,16 +158,17 @@ impl Handler<ForkWorkers> for SessionActor {
                 limits,
                 threads: report.threads,
                 arbiter: Arbiter::current(),
-                seed,
+                start,
             })
         })
     }
 }
 
-impl Handler<SeedFromFork> for SessionActor {
+impl Handler<StartClone> for SessionActor {
     type Result = ();
 
-    fn handle(&mut self, msg: SeedFromFork, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: StartClone, ctx: &mut Context<Self>) {
+        self.execution_count = msg.execution_count;
         if let Some(seed) = msg.seed {
             self.durability.seed_from(seed);
         }

@@ -4,8 +4,8 @@
 //! source's owner and limits, its own process group and cgroup (given as its worker was
 //! adopted), its own checkpoints (a first one is taken in the background at once, so that a
 //! crash of the clone comes back to the fork rather than to nothing; seeded with the source's
-//! latest checkpoint when it can be, see `session::forking`) and its own crash recovery, by
-//! its own worker kind.
+//! latest checkpoint when it can be) and its own crash recovery, by its own worker kind; it
+//! counts its executions on from its source's (see `session::forking`).
 
 use std::time::Instant;
 
@@ -15,7 +15,7 @@ use super::messages::{SessionHandle, SessionOptions};
 use super::RegistryActor;
 use crate::errors::SupervisorError;
 use crate::pool::{Lease, Release, ReserveClones};
-use crate::session::{ForkWorkers, SeedFromFork};
+use crate::session::ForkWorkers;
 
 /// Fork the session `session` (an id or a name within `owner`'s reach) into `names.len()`
 /// clones, or `count` unnamed ones when `names` is empty.
@@ -126,9 +126,7 @@ impl Handler<ForkSession> for RegistryActor {
                 };
                 match act.start_session(lease, options, forked.spec.clone(), false, ctx) {
                     Ok(handle) => {
-                        handle.addr.do_send(SeedFromFork {
-                            seed: forked.seed.clone(),
-                        });
+                        handle.addr.do_send(forked.start.clone());
                         sessions.push(handle);
                     }
                     Err(err) => tracing::warn!(error = %err, "a clone could not become a session"),

@@ -2,7 +2,7 @@
 //! source's namespace and diverge, the source never sees a clone's change, a fork waits for a
 //! running execution, a killed clone comes back from its own checkpoints (the first one
 //! linking what its source had stored), threads are said to be gone, and the count and quota
-//! limits hold.
+//! limits hold. A clone counts its executions on from its source's.
 
 use std::time::{Duration, Instant};
 
@@ -77,6 +77,37 @@ async fn clones_start_from_the_source_and_diverge() {
         pids.iter().collect::<std::collections::HashSet<_>>().len(),
         3
     );
+}
+
+#[tokio::test]
+async fn a_clone_counts_on_from_its_source_so_tracebacks_show_the_sources_cells() {
+    let engine = engine_with(config()).await;
+    let source = engine
+        .create_session(SessionOptions::default())
+        .await
+        .unwrap();
+    run(
+        &source,
+        "def boom():\n    raise ValueError('raised in the source')",
+    )
+    .await;
+    let before = run(&source, "1").await.execution_count;
+    let clone = within(source.fork(1, vec![]))
+        .await
+        .unwrap()
+        .sessions
+        .remove(0);
+    // A clone numbering its cells from 1 would put this source over the source's cell 1.
+    let first = run(&clone, "x = 'the clone line'\nx").await;
+    assert_eq!(first.execution_count, before + 1);
+    let failed = run(&clone, "boom()").await;
+    let traceback = failed.error.expect("boom() raised").traceback.join("");
+    assert!(
+        traceback.contains("raise ValueError('raised in the source')"),
+        "{traceback}"
+    );
+    assert!(!traceback.contains("the clone line"), "{traceback}");
+    assert_eq!(run(&source, "1").await.execution_count, before + 1);
 }
 
 #[tokio::test]
