@@ -13,6 +13,8 @@ mod ops;
 mod resolve;
 
 use std::future::Future;
+use std::io::{Read, Seek, SeekFrom};
+use std::ops::Range;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -37,6 +39,15 @@ pub const MAX_READ_BYTES: u64 = 8 * 1024 * 1024;
 const CHUNK_BYTES: usize = 256 * 1024;
 /// Chunks on their way between a transfer and its thread.
 const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// The bytes of a file that a [`Download`] sends, chosen once the file is open and its size
+/// known; `None` when the caller's choice cannot be met (an HTTP range past the end).
+pub type Window = Box<dyn FnOnce(u64) -> Option<Range<u64>> + Send>;
+
+/// A [`Window`] of the whole file.
+pub fn whole_file() -> Window {
+    Box::new(|size| Some(0..size))
+}
 
 /// Why a files call failed.
 #[derive(Debug, Error)]
@@ -218,13 +229,25 @@ impl SessionFiles {
         })
     }
 
-    /// Reads the file `path` in chunks: its size, then its bytes.
-    pub async fn download(&self, path: &str) -> Result<Download, EngineError> {
+    /// Reads the bytes `window` chooses of the file `path` in chunks: its size and the range
+    /// chosen, then the bytes.
+    pub async fn download(&self, path: &str, window: Window) -> Result<Download, EngineError> {
         let (chunks_tx, chunks) = mpsc::channel(CHUNKS_IN_FLIGHT);
-        let (size_tx, size) = oneshot::channel();
+        let (opened_tx, opened) = oneshot::channel();
         let read = self.run(path, move |root, path, _| {
             let (mut file, size) = ops::open_file(root, &path)?;
-            let _ = size_tx.send(size);
+            let range = window(size);
+            let _ = opened_tx.send((size, range.clone()));
+            let Some(range) = range else {
+                return Ok(());
+            };
+            let mut file = match file.seek(SeekFrom::Start(range.start)) {
+                Ok(_) => file.take(range.end - range.start),
+                Err(err) => {
+                    let _ = chunks_tx.blocking_send(Err(err));
+                    return Ok(());
+                }
+            };
             loop {
                 let chunk = ops::next_chunk(&mut file, CHUNK_BYTES);
                 let last = matches!(&chunk, Ok(data) if data.is_empty()) || chunk.is_err();
@@ -240,9 +263,13 @@ impl SessionFiles {
             }
         });
         let mut read = Box::pin(read);
-        let size = first_answer(size, &mut read).await?;
+        let (size, range) = first_answer(opened, &mut read).await?;
         // The thread goes on alone; it ends when the download is dropped.
-        Ok(Download { size, chunks })
+        Ok(Download {
+            size,
+            range,
+            chunks,
+        })
     }
 }
 
@@ -316,6 +343,9 @@ impl Upload {
 pub struct Download {
     /// The file's size when it was opened.
     pub size: u64,
+    /// The bytes sent (as the window chose); `None`: nothing is sent, the window could not
+    /// be met.
+    pub range: Option<Range<u64>>,
     chunks: mpsc::Receiver<std::io::Result<Vec<u8>>>,
 }
 

@@ -359,7 +359,7 @@ fn temp_name() -> String {
 }
 
 /// Reads `file` in chunks of `chunk` bytes for a download.
-pub(super) fn next_chunk(file: &mut File, chunk: usize) -> std::io::Result<Vec<u8>> {
+pub(super) fn next_chunk(file: &mut impl Read, chunk: usize) -> std::io::Result<Vec<u8>> {
     let mut data = vec![0; chunk];
     let n = loop {
         match file.read(&mut data) {

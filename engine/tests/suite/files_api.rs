@@ -1,6 +1,6 @@
 //! The files API of docs/protocol.md (`session.files.*` and the HTTP file routes) against real
 //! sandboxed workers with uids of their own, over JSON-RPC (the dispatcher every transport
-//! uses) and real HTTP on 127.0.0.1: round trips both ways, every path escape (`..`,
+//! uses) and real HTTP on 127.0.0.1: round trips both ways, byte ranges, every path escape (`..`,
 //! absolute, a symlink to /etc, a symlink swapped in while the client reads), the size and
 //! disk limits, and owners that cannot reach each other's files.
 
@@ -207,13 +207,7 @@ async fn files_go_both_ways_over_json_rpc_and_http_and_belong_to_the_session() {
         .send()
         .await
         .unwrap();
-    if response.status() != 200 {
-        panic!(
-            "DEBUG {} {:?}",
-            response.status(),
-            String::from_utf8_lossy(&body(&mut response).await)
-        );
-    }
+    assert_eq!(response.status(), 200);
     let expected: Vec<u8> = (0..=255u8).cycle().take(256 * 4096).collect();
     assert!(body(&mut response).await == expected);
 
@@ -256,6 +250,77 @@ async fn files_go_both_ways_over_json_rpc_and_http_and_belong_to_the_session() {
         )
         .await;
     assert_eq!(missing, code::INVALID_PARAMS);
+}
+
+#[actix_rt::test]
+async fn a_download_sends_the_one_byte_range_asked_for() {
+    let server = start(62_770).await;
+    let id = server.create("alice", json!({})).await;
+    server
+        .value(&id, "open('f.bin', 'wb').write(bytes(range(256)) * 4096)")
+        .await;
+    let file: Vec<u8> = (0..=255u8).cycle().take(256 * 4096).collect();
+    let size = file.len();
+    let url = server.url(&format!("/v1/sessions/{id}/files/f.bin"));
+    let get = |range: Option<&'static str>, if_range: bool| {
+        let mut request = server.client(ALICE).get(&url);
+        if let Some(range) = range {
+            request = request.insert_header(("Range", range));
+        }
+        if if_range {
+            request = request.insert_header(("If-Range", "\"some-etag\""));
+        }
+        async move {
+            let mut response = request.send().await.expect("answered");
+            let header =
+                |name: &str| (response.headers().get(name)).map(|v| v.to_str().unwrap().to_owned());
+            let (range, accepts) = (header("content-range"), header("accept-ranges"));
+            (
+                response.status().as_u16(),
+                range,
+                accepts,
+                body(&mut response).await,
+            )
+        }
+    };
+
+    let (status, range, accepts, whole) = get(None, false).await;
+    assert_eq!(
+        (status, range, accepts.as_deref()),
+        (200, None, Some("bytes"))
+    );
+    assert!(whole == file);
+    let cases = [
+        ("bytes=1000-1999", 1000..2000),
+        ("bytes=-10", size - 10..size),
+        ("bytes=1048000-", 1_048_000..size),
+        // An end past the file is cut to the file.
+        ("bytes=1048500-9999999", 1_048_500..size),
+    ];
+    for (asked, expected) in cases {
+        let (status, range, _, part) = get(Some(asked), false).await;
+        assert_eq!(status, 206, "{asked}");
+        let content_range = format!("bytes {}-{}/{size}", expected.start, expected.end - 1);
+        assert_eq!(range.as_deref(), Some(content_range.as_str()), "{asked}");
+        assert!(part == file[expected], "{asked}: other bytes");
+    }
+    // Past the end: 416, with the size.
+    let (status, range, _, refused) = get(Some("bytes=2000000-2000010"), false).await;
+    assert_eq!(status, 416);
+    assert_eq!(range.as_deref(), Some("bytes */1048576"));
+    let refused: Value = serde_json::from_slice(&refused).unwrap();
+    assert_eq!(refused["error"]["code"], code::INVALID_PARAMS);
+    // Several ranges, a conditional range and a malformed one: the whole file.
+    for (asked, if_range) in [
+        ("bytes=0-1,5-6", false),
+        ("bytes=0-9", true),
+        ("bytes=9-0", false),
+        ("lines=1-2", false),
+    ] {
+        let (status, range, _, whole) = get(Some(asked), if_range).await;
+        assert_eq!((status, range), (200, None), "{asked}");
+        assert!(whole == file, "{asked}");
+    }
 }
 
 #[actix_rt::test]

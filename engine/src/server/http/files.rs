@@ -1,20 +1,21 @@
 //! The file routes of docs/protocol.md (HTTP): `PUT|GET|DELETE /v1/sessions/{id}/files/{path}`
 //! move a file's raw bytes, streamed both ways (an upload is written chunk by chunk as it
-//! arrives, a download read chunk by chunk as it is sent; neither is held whole), and
+//! arrives, a download read chunk by chunk as it is sent; neither is held whole; a download
+//! honours a single byte `Range`, so a broken one can resume), and
 //! `GET /v1/sessions/{id}/files?dir=PATH` lists a directory as `session.files.list` does.
 
 use std::time::Duration;
 
-use actix_web::http::header::ContentType;
+use actix_web::http::header::{self, ByteRangeSpec, ContentType, Header, Range};
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::Deserialize;
 
 use super::routes::query;
 use super::{ApiError, State};
-use crate::files::SessionFiles;
+use crate::files::{whole_file, SessionFiles, Window};
 use crate::rpc::files::Written;
 use crate::rpc::{Caller, RpcError};
 
@@ -87,20 +88,72 @@ fn stalled(timeout: Duration) -> ApiError {
     )
 }
 
-/// `GET /v1/sessions/{id}/files/{path}`: the file's bytes.
+/// `GET /v1/sessions/{id}/files/{path}`: the file's bytes, or the one range of them that
+/// `Range` asks for (206).
 async fn download(
     state: web::Data<State>,
     caller: Caller,
     path: web::Path<(String, String)>,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let (id, path) = path.into_inner();
-    let download = files(&state, &caller, &id).await?.download(&path).await?;
+    let asked = requested_range(&req);
+    let window: Window = match asked.clone() {
+        Some(spec) => Box::new(move |size| {
+            let (first, last) = spec.to_satisfiable_range(size)?;
+            Some(first..last + 1)
+        }),
+        None => whole_file(),
+    };
+    let download = files(&state, &caller, &id)
+        .await?
+        .download(&path, window)
+        .await?;
     let size = download.size;
+    let Some(range) = download.range.clone() else {
+        let refused = ApiError::with_status(
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            RpcError::invalid_params(format!(
+                "range {} is past the end of {path:?} ({size} bytes)",
+                asked.map_or_else(String::new, |spec| spec.to_string())
+            )),
+        );
+        let mut response = refused.error_response();
+        response.headers_mut().insert(
+            header::CONTENT_RANGE,
+            header::HeaderValue::from_str(&format!("bytes */{size}")).expect("ASCII"),
+        );
+        return Ok(response);
+    };
+    let mut response = match asked {
+        Some(_) => {
+            let content_range = format!("bytes {}-{}/{size}", range.start, range.end - 1);
+            let mut partial = HttpResponse::PartialContent();
+            partial.insert_header((header::CONTENT_RANGE, content_range));
+            partial
+        }
+        None => HttpResponse::Ok(),
+    };
     let body = download.map(|chunk| chunk.map(Bytes::from));
-    Ok(HttpResponse::Ok()
+    Ok(response
         .content_type(ContentType::octet_stream())
-        .no_chunking(size)
+        .insert_header((header::ACCEPT_RANGES, "bytes"))
+        .no_chunking(range.end - range.start)
         .streaming(body))
+}
+
+/// The one byte range a download's `Range` asks for. Several ranges, another unit or a
+/// malformed header get the whole file, as RFC 9110 allows; so does a range made conditional
+/// by `If-Range`, whose validator can never match (pyvisor sends no `ETag` or
+/// `Last-Modified`).
+fn requested_range(req: &HttpRequest) -> Option<ByteRangeSpec> {
+    if req.headers().contains_key(header::IF_RANGE) {
+        return None;
+    }
+    match Range::parse(req) {
+        Ok(Range::Bytes(mut specs)) if specs.len() == 1 => specs.pop(),
+        _ => None,
+    }
 }
 
 /// `DELETE /v1/sessions/{id}/files/{path}`: `{}`.
