@@ -151,6 +151,9 @@ impl FaultSpec {
             (FaultKind::KillDaemon, _) => {
                 Err("needs the daemon target (kind = \"daemon\"), which the harness runs".into())
             }
+            (FaultKind::NodeKill, TargetSpec::Cluster { urls, .. }) if !urls.is_empty() => Err(
+                "needs a cluster the harness runs (no urls): it kills and starts its nodes".into(),
+            ),
             (FaultKind::NodeKill, TargetSpec::Cluster { nodes, .. }) if *nodes < 2 => {
                 Err("needs at least 2 nodes, so that another one takes the sessions over".into())
             }

@@ -1,10 +1,12 @@
 //! The HTTP side of a load test's target: a minimal HTTP/1.1 client of the daemon's JSON API
 //! on loopback (plain HTTP, one connection per call), for one URL (a daemon, or HAProxy in
-//! front of a cluster) or for each node of a cluster the harness runs.
+//! front of a cluster), for each node of a cluster the harness runs, or for the URLs of a
+//! cluster that runs already.
 //!
 //! With several nodes, a session's calls go to the node that last answered for it (its
-//! holder, as HAProxy's stick table would), a new session's to the next node in turn;
-//! through HAProxy, all go to HAProxy. In a cluster a call that certainly did not run is tried
+//! holder, as HAProxy's stick table would: by the node id a result names when the harness
+//! knows the nodes' ids, else by the URL that answered), a new session's to the next node in
+//! turn; through HAProxy, all go to HAProxy. In a cluster a call that certainly did not run is tried
 //! again, as a client of a cluster does, for up to [`CLUSTER_RETRY`]: a refused connection
 //! (the node is dead: the next node is tried), `421` (another node holds the session: the
 //! next try goes to the `advertise_url` the answer names, as for the calls a node does not
@@ -39,6 +41,9 @@ pub struct Http {
     retry: bool,
     /// Session id → the id of the node that last answered for it.
     holders: Mutex<HashMap<String, String>>,
+    /// Session id → the index in `authorities` that last answered for it, for nodes whose
+    /// ids are not known (a cluster given by its URLs).
+    homes: Mutex<HashMap<String, usize>>,
     /// The node of the next new session.
     next: AtomicUsize,
 }
@@ -79,6 +84,23 @@ impl Http {
             token,
             retry: false,
             holders: Mutex::default(),
+            homes: Mutex::default(),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// A client of a cluster that runs already, at `urls` (its nodes', or a load balancer's).
+    pub fn urls(urls: &[String], token: Option<String>) -> Result<Http, String> {
+        Ok(Http {
+            authorities: urls
+                .iter()
+                .map(|url| host_port(url))
+                .collect::<Result<_, _>>()?,
+            node_ids: Vec::new(),
+            token,
+            retry: true,
+            holders: Mutex::default(),
+            homes: Mutex::default(),
             next: AtomicUsize::new(0),
         })
     }
@@ -99,6 +121,7 @@ impl Http {
             token: None,
             retry: true,
             holders: Mutex::default(),
+            homes: Mutex::default(),
             next: AtomicUsize::new(0),
         })
     }
@@ -123,6 +146,11 @@ impl Http {
     /// Forgets `session` (closed).
     pub fn forget(&self, session: &str) {
         self.lock_holders().remove(session);
+        self.lock_homes().remove(session);
+    }
+
+    fn lock_homes(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.homes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The node a call of `path` goes to first: its session's holder, else the next in turn.
@@ -130,14 +158,29 @@ impl Http {
         if self.authorities.len() == 1 {
             return 0;
         }
-        let session = path
-            .strip_prefix("/v1/sessions/")
-            .and_then(|rest| rest.split('/').next());
-        let known = session.and_then(|session| {
+        let known = session_of(path).and_then(|session| {
+            if self.node_ids.is_empty() {
+                return self.lock_homes().get(session).copied();
+            }
             let holder = self.holder(session)?;
             self.node_ids.iter().position(|id| *id == holder)
         });
         known.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed) % self.authorities.len())
+    }
+
+    /// Notes that the node at `authority` answered `value` to a call of `path` (a session's,
+    /// or the creation of one), for nodes known only by their URLs.
+    fn answered_at(&self, path: &str, authority: &str, value: &Value) {
+        if !self.node_ids.is_empty() || self.authorities.len() == 1 {
+            return;
+        }
+        let created = (path == "/v1/sessions")
+            .then(|| value["session_id"].as_str())
+            .flatten();
+        let index = self.authorities.iter().position(|a| a == authority);
+        if let (Some(session), Some(index)) = (session_of(path).or(created), index) {
+            self.lock_homes().insert(session.to_owned(), index);
+        }
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
@@ -150,9 +193,9 @@ impl Http {
 
     /// `GET path`, tried once at the first URL: what a node (or HAProxy) says now.
     pub async fn get_once<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
-        self.once(&self.authorities[0], "GET", path, None)
-            .await
-            .map_err(Failure::kind)
+        let value =
+            (self.once(&self.authorities[0], "GET", path, None).await).map_err(Failure::kind)?;
+        typed(value)
     }
 
     pub async fn request<T: DeserializeOwned>(
@@ -169,7 +212,10 @@ impl Http {
             let authority = redirected.take();
             let authority = authority.as_deref().unwrap_or(&self.authorities[index]);
             match self.once(authority, method, path, body).await {
-                Ok(value) => return Ok(value),
+                Ok(value) => {
+                    self.answered_at(path, authority, &value);
+                    return typed(value);
+                }
                 Err(Failure::NotRun { kind, redirect })
                     if self.retry && Instant::now() < deadline =>
                 {
@@ -186,14 +232,14 @@ impl Http {
         }
     }
 
-    /// One try of a call to `authority`.
-    async fn once<T: DeserializeOwned>(
+    /// One try of a call to `authority`: the JSON of its answer.
+    async fn once(
         &self,
         authority: &str,
         method: &str,
         path: &str,
         body: Option<&Value>,
-    ) -> Result<T, Failure> {
+    ) -> Result<Value, Failure> {
         let body = body.map(Value::to_string).unwrap_or_default();
         let mut head = format!(
             "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nContent-Type: \
@@ -251,6 +297,17 @@ impl Http {
             _ => Err(Failure::Final(format!("http {status}"))),
         }
     }
+}
+
+/// `value` as the type the caller expects.
+fn typed<T: DeserializeOwned>(value: Value) -> Result<T, String> {
+    serde_json::from_value(value).map_err(|err| format!("bad JSON: {err}"))
+}
+
+/// The session a call of `path` is for, if any.
+fn session_of(path: &str) -> Option<&str> {
+    path.strip_prefix("/v1/sessions/")
+        .and_then(|rest| rest.split('/').next())
 }
 
 /// `host:port` of `url`.

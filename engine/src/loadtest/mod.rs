@@ -209,6 +209,9 @@ async fn run_with(scenario: &Scenario, engine: Option<Engine>) -> Result<Report,
                 None => "daemon".to_owned(),
             },
             TargetSpec::Http { url, .. } => format!("http {url}"),
+            TargetSpec::Cluster { urls, .. } if !urls.is_empty() => {
+                format!("cluster at {}", urls.join(", "))
+            }
             TargetSpec::Cluster { nodes, .. } => match target.cluster() {
                 Some((cluster, _)) => match cluster.front() {
                     Some(url) => format!("cluster of {nodes} nodes through HAProxy at {url}"),

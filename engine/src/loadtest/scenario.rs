@@ -109,6 +109,10 @@ pub enum TargetSpec {
     /// `pyvisor serve` nodes sharing it with HTTP on loopback, and HAProxy in front when
     /// `haproxy`; the clients' sessions are spread over the nodes (or all go through HAProxy),
     /// and the `node_kill` fault SIGKILLs a node and starts it again.
+    ///
+    /// With `urls`, a cluster that runs already: the harness starts nothing, and spreads the
+    /// clients' sessions over those URLs (the nodes', or one load balancer's), tried again as
+    /// for its own cluster; `token_env` names the variable holding the bearer token.
     Cluster {
         #[serde(default = "three")]
         nodes: usize,
@@ -121,6 +125,11 @@ pub enum TargetSpec {
         lease_ttl_s: f64,
         #[serde(default)]
         durability: DurabilityMode,
+        /// The URLs of a cluster that runs already (`http://host:port`).
+        #[serde(default)]
+        urls: Vec<String>,
+        #[serde(default)]
+        token_env: Option<String>,
     },
     /// A daemon's HTTP API.
     Http {
@@ -156,10 +165,26 @@ impl TargetSpec {
     fn validate(&self) -> Result<(), String> {
         match self {
             TargetSpec::Cluster {
-                nodes, lease_ttl_s, ..
+                nodes,
+                lease_ttl_s,
+                urls,
+                haproxy,
+                binary,
+                token_env,
+                ..
             } => {
                 if *nodes == 0 {
                     return Err("target.nodes: must be at least 1".into());
+                }
+                if urls.is_empty() && token_env.is_some() {
+                    return Err("target.token_env: only for a cluster given by its urls".into());
+                }
+                if !urls.is_empty() && (*haproxy || binary.is_some()) {
+                    return Err(
+                        "target.urls: a cluster that runs already; haproxy and binary are for \
+                         one the harness runs"
+                            .into(),
+                    );
                 }
                 // The nodes check the rest of `[cluster] lease_ttl_s` (and say so at start).
                 if !(lease_ttl_s.is_finite() && *lease_ttl_s > 0.0) {

@@ -40,7 +40,7 @@ pub enum Target {
     /// A cluster the harness runs, and the client of its nodes (or of HAProxy in front).
     Cluster {
         http: Http,
-        cluster: HarnessCluster,
+        cluster: Box<HarnessCluster>,
     },
 }
 
@@ -201,13 +201,17 @@ impl Target {
                 ))
             }
             (TargetSpec::Http { url, token_env, .. }, None) => {
-                let token = match token_env {
-                    Some(name) => Some(std::env::var(name).map_err(|_| {
-                        unreachable(format!("the token variable {name} is not set"))
-                    })?),
-                    None => None,
-                };
+                let token = token_from(token_env.as_deref())?;
                 Target::Http(Http::new(url, token).map_err(unreachable)?)
+            }
+            (
+                TargetSpec::Cluster {
+                    urls, token_env, ..
+                },
+                None,
+            ) if !urls.is_empty() => {
+                let token = token_from(token_env.as_deref())?;
+                Target::Http(Http::urls(urls, token).map_err(unreachable)?)
             }
             (
                 TargetSpec::Cluster {
@@ -216,6 +220,7 @@ impl Target {
                     binary,
                     lease_ttl_s,
                     durability,
+                    ..
                 },
                 None,
             ) => {
@@ -228,7 +233,10 @@ impl Target {
                 };
                 let cluster = HarnessCluster::start(&spec).await.map_err(unreachable)?;
                 let http = Http::cluster(&cluster.nodes(), cluster.front()).map_err(unreachable)?;
-                Target::Cluster { http, cluster }
+                Target::Cluster {
+                    http,
+                    cluster: Box::new(cluster),
+                }
             }
         };
         match tokio::time::timeout(HEALTH_TIMEOUT, target.health()).await {
@@ -512,7 +520,7 @@ impl Target {
     /// each session.
     pub fn cluster(&self) -> Option<(&HarnessCluster, &Http)> {
         match self {
-            Target::Cluster { http, cluster } => Some((cluster, http)),
+            Target::Cluster { http, cluster } => Some((cluster.as_ref(), http)),
             _ => None,
         }
     }
@@ -565,6 +573,15 @@ impl Target {
             _ => None,
         }
     }
+}
+
+/// The bearer token in the environment variable `name`, when one is named.
+fn token_from(name: Option<&str>) -> Result<Option<String>, LoadtestError> {
+    name.map(|name| {
+        std::env::var(name)
+            .map_err(|_| LoadtestError::Target(format!("the token variable {name} is not set")))
+    })
+    .transpose()
 }
 
 /// The daemon socket the configuration names, as `pyvisor exec` finds it.

@@ -317,6 +317,56 @@ async fn a_killed_nodes_sessions_answer_again_on_another_with_nothing_lost() {
     assert!(report.ops[COUNTER].count > 20, "{text}");
 }
 
+/// The cluster target given by URLs: a cluster that runs already (two nodes on one real
+/// PostgreSQL, started here), which the harness drives without starting anything, each
+/// session's calls going back to the node that created it; `node_kill` needs a cluster the
+/// harness runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_cluster_given_by_its_urls_is_driven_as_it_is() {
+    let db = common::postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let (mut nodes, mut ports) = (Vec::new(), Vec::new());
+    for id in ["node-a", "node-b"] {
+        let home = homes.path().join(id);
+        let port = crate::cluster::free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let config =
+            crate::cluster::advertised_node_config(&home, &db, id, &format!("http://{addr}"));
+        let args = ["--config", config.to_str().unwrap(), "--http", &addr];
+        nodes.push(Daemon::start_in(&home, &args, &[]).await);
+        ports.push(port);
+    }
+    let urls: Vec<String> = ports
+        .iter()
+        .map(|port| format!("http://127.0.0.1:{port}"))
+        .collect();
+    let target = format!("[target]\nkind = \"cluster\"\nurls = {urls:?}\n");
+    let scenario = parse(&format!(
+        "duration_s = 4\nclients = 4\n{target}[[op]]\nkind = \"execute\"\ncode = \"x = 1\"\n"
+    ))
+    .unwrap();
+    let report = loadtest::run(&scenario).await.expect("the cluster answers");
+    let text = report.text();
+    assert!(report.passed(), "{text}");
+    assert!(text.contains("cluster at http://127.0.0.1:"), "{text}");
+    assert!(report.ops[COUNTER].count > 10, "{text}");
+    // Four sessions spread over the two nodes, each run where it was made: neither node
+    // forwarded a call.
+    for port in ports {
+        let (_, metrics) = common::http_get(port, "/metrics", None).await;
+        let ran = crate::cluster::metric(&metrics, r#"pyvisor_executions_total{status="ok"}"#);
+        assert!(ran > 10.0, "{metrics}");
+        let forwarded = crate::cluster::metric(&metrics, "pyvisor_cluster_forwarded_total");
+        assert_eq!(forwarded, 0.0, "{metrics}");
+    }
+
+    let killing = scenario_error(&format!(
+        "duration_s = 4\n{target}[[op]]\nkind = \"execute\"\ncode = \"x = 1\"\n\
+         [[fault]]\nkind = \"node_kill\"\nat_s = [1]\n"
+    ));
+    assert!(killing.contains("no urls"), "{killing}");
+}
+
 #[test]
 fn the_command_writes_json_compares_and_says_so_in_its_exit_status() {
     let dir = tempfile::tempdir().unwrap();
