@@ -135,6 +135,14 @@ impl HarnessCluster {
             .collect()
     }
 
+    /// The process of each node (a killed one's until it is started again).
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .map(|node| lock(&node.child).id())
+            .collect()
+    }
+
     /// HAProxy's URL, when it runs.
     pub fn front(&self) -> Option<&str> {
         self.haproxy.as_ref().map(|(_, url)| url.as_str())

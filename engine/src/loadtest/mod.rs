@@ -95,12 +95,13 @@ async fn run_with(scenario: &Scenario, engine: Option<Engine>) -> Result<Report,
     let sessions: Arc<Mutex<Vec<String>>> = Arc::default();
 
     let (stop_sampling, mut sampling_stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut sampler = sample::Sampler::new(target.engine_pid().await, started);
+    let mut sampler = sample::Sampler::new(target.engine_pids().await, started);
     let sampled = target.clone();
     let sampling = tokio::spawn(async move {
         loop {
-            if sampled.restartable() {
-                sampler.set_pid(sampled.engine_pid().await);
+            // A restarted daemon or node is a new process.
+            if sampled.restartable() || sampled.cluster().is_some() {
+                sampler.set_pids(sampled.engine_pids().await);
             }
             sampler.sample();
             tokio::select! {

@@ -345,9 +345,14 @@ impl Report {
              after warm-up",
             opt(r.engine_peak_rss_mb),
             if r.engine_is_harness {
-                " (with the harness)"
+                " (with the harness)".to_owned()
+            } else if r.engine_processes > 1 {
+                format!(
+                    " (the largest of {} nodes; workers and CPU of all)",
+                    r.engine_processes
+                )
             } else {
-                ""
+                String::new()
             },
             opt(r.workers_peak_rss_mb),
             opt(r.cpu_s),

@@ -1,9 +1,10 @@
 //! Memory and CPU of the engine under test, sampled from `/proc` once a second: the RSS of
 //! the engine's process and of all its descendants (the zygote and the workers), and the CPU
-//! time of them all (their own and that of the children they reaped). At the end: the peaks,
-//! the CPU used during the run, and the slope of the engine's RSS after each process's warm-up
-//! (a least-squares fit within each process, pooled, in MB per minute), which a leak makes
-//! positive.
+//! time of them all (their own and that of the children they reaped). A cluster the harness
+//! runs has one engine process per node, each sampled so. At the end: the peaks (the largest
+//! engine process; the workers of all of them together), the CPU used during the run, and the
+//! slope of the engines' RSS after each process's warm-up (a least-squares fit within each
+//! process, pooled, in MB per minute), which a leak makes positive.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -17,6 +18,8 @@ pub const PERIOD: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Resources {
     pub engine_pid: Option<u32>,
+    /// The most engine processes sampled at once: the nodes of a cluster, else 1.
+    pub engine_processes: usize,
     /// The engine runs inside the harness's own process (its RSS includes the harness).
     pub engine_is_harness: bool,
     pub engine_peak_rss_mb: Option<f64>,
@@ -27,10 +30,10 @@ pub struct Resources {
     pub samples: usize,
 }
 
-/// One look at the engine.
+/// One look at one engine process.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
-    /// The engine's process then (a restarted daemon is a new one).
+    /// The engine's process then (a restarted daemon or node is a new one).
     pid: u32,
     at: Duration,
     engine_mb: f64,
@@ -40,45 +43,60 @@ struct Sample {
 
 /// Samples taken so far.
 pub struct Sampler {
-    pid: Option<u32>,
+    /// The engine's processes: one, or a cluster's nodes.
+    pids: Vec<u32>,
     started: Instant,
     samples: Vec<Sample>,
     ticks_per_s: f64,
 }
 
 impl Sampler {
-    pub fn new(pid: Option<u32>, started: Instant) -> Self {
+    pub fn new(pids: Vec<u32>, started: Instant) -> Self {
         // SAFETY: sysconf reads a configuration value and touches no memory of ours.
         let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         Self {
-            pid,
+            pids,
             started,
             samples: Vec::new(),
             ticks_per_s: if ticks > 0 { ticks as f64 } else { 100.0 },
         }
     }
 
-    /// Follows the engine to a new process (a restarted daemon).
-    pub fn set_pid(&mut self, pid: Option<u32>) {
-        if pid.is_some() {
-            self.pid = pid;
+    /// Follows the engine to new processes (a restarted daemon or node).
+    pub fn set_pids(&mut self, pids: Vec<u32>) {
+        if !pids.is_empty() {
+            self.pids = pids;
         }
     }
 
-    /// Takes one sample (nothing when the engine's pid is unknown or gone).
+    /// Takes one sample of each engine process (none of one that is unknown or gone).
     pub fn sample(&mut self) {
-        let Some(pid) = self.pid else {
+        if self.pids.is_empty() {
             return;
-        };
+        }
         let processes = processes();
-        let Some(engine) = processes.get(&pid) else {
-            return;
-        };
+        let at = self.started.elapsed();
+        for index in 0..self.pids.len() {
+            let pid = self.pids[index];
+            if let Some(sample) = self.sample_of(pid, at, &processes) {
+                self.samples.push(sample);
+            }
+        }
+    }
+
+    /// One engine process and its descendants, as `processes` found them.
+    fn sample_of(
+        &self,
+        pid: u32,
+        at: Duration,
+        processes: &HashMap<u32, Process>,
+    ) -> Option<Sample> {
+        let engine = processes.get(&pid)?;
         let mut workers_kb = 0;
         let mut ticks = engine.ticks;
         let mut frontier = vec![pid];
         while let Some(parent) = frontier.pop() {
-            for (child, process) in &processes {
+            for (child, process) in processes {
                 if process.ppid == parent {
                     workers_kb += process.rss_kb;
                     ticks += process.ticks;
@@ -86,13 +104,13 @@ impl Sampler {
                 }
             }
         }
-        self.samples.push(Sample {
+        Some(Sample {
             pid,
-            at: self.started.elapsed(),
+            at,
             engine_mb: engine.rss_kb as f64 / 1024.0,
             workers_mb: workers_kb as f64 / 1024.0,
             cpu_s: ticks as f64 / self.ticks_per_s,
-        });
+        })
     }
 
     /// The figures. The slope leaves out each process's first `warmup` (a restarted daemon
@@ -100,8 +118,18 @@ impl Sampler {
     /// process's RSS at the same rate, while the drop at a restart says nothing. The CPU adds
     /// up each process's share.
     pub fn resources(&self, warmup: Duration, engine_is_harness: bool) -> Resources {
-        let peak = |f: fn(&Sample) -> f64| self.samples.iter().map(f).reduce(f64::max);
-        let processes: Vec<&[Sample]> = self.samples.chunk_by(|a, b| a.pid == b.pid).collect();
+        // The samples of one look share its time.
+        let looks: Vec<&[Sample]> = self.samples.chunk_by(|a, b| a.at == b.at).collect();
+        let workers_peak = (looks.iter())
+            .map(|look| look.iter().map(|s| s.workers_mb).sum::<f64>())
+            .reduce(f64::max);
+        let mut processes: Vec<Vec<Sample>> = Vec::new();
+        for sample in &self.samples {
+            match processes.iter_mut().find(|run| run[0].pid == sample.pid) {
+                Some(run) => run.push(*sample),
+                None => processes.push(vec![*sample]),
+            }
+        }
         let cpu_s = (self.samples.len() > 1).then(|| {
             (processes.iter())
                 .map(|run| run[run.len() - 1].cpu_s - run[0].cpu_s)
@@ -119,10 +147,11 @@ impl Sampler {
             })
             .collect();
         Resources {
-            engine_pid: self.pid,
+            engine_pid: self.pids.first().copied(),
+            engine_processes: looks.iter().map(|look| look.len()).max().unwrap_or(0),
             engine_is_harness,
-            engine_peak_rss_mb: peak(|s| s.engine_mb),
-            workers_peak_rss_mb: peak(|s| s.workers_mb),
+            engine_peak_rss_mb: self.samples.iter().map(|s| s.engine_mb).reduce(f64::max),
+            workers_peak_rss_mb: workers_peak,
             cpu_s,
             rss_slope_mb_per_min: slope(&settled),
             samples: self.samples.len(),
@@ -233,7 +262,7 @@ mod tests {
             workers_mb: 0.0,
             cpu_s: 0.0,
         };
-        let mut sampler = Sampler::new(Some(1), Instant::now());
+        let mut sampler = Sampler::new(vec![1], Instant::now());
         // Process 1 climbs 50 MB in its 5 s of warm-up, then leaks 1 MB a minute; process 2
         // (after a restart at 60 s) does the same from a lower start.
         for (pid, born) in [(1, 0), (2, 60)] {
@@ -252,12 +281,52 @@ mod tests {
     }
 
     #[test]
+    fn the_nodes_of_a_cluster_count_apart_and_their_workers_together() {
+        let mut sampler = Sampler::new(vec![1, 2], Instant::now());
+        // Two nodes sampled at each look; node 2 is killed after 2 s and comes back as 3.
+        for (at, pid, engine_mb, workers_mb, cpu_s) in [
+            (0, 1, 100.0, 10.0, 1.0),
+            (0, 2, 80.0, 30.0, 2.0),
+            (1, 1, 110.0, 20.0, 2.0),
+            (1, 2, 90.0, 40.0, 4.0),
+            (2, 1, 120.0, 20.0, 3.0),
+            (3, 1, 120.0, 20.0, 4.0),
+            (3, 3, 50.0, 5.0, 0.5),
+            (4, 1, 120.0, 20.0, 5.0),
+            (4, 3, 60.0, 5.0, 1.5),
+        ] {
+            sampler.samples.push(Sample {
+                pid,
+                at: Duration::from_secs(at),
+                engine_mb,
+                workers_mb,
+                cpu_s,
+            });
+        }
+        let resources = sampler.resources(Duration::ZERO, false);
+        assert_eq!(resources.engine_processes, 2);
+        assert_eq!(
+            resources.engine_peak_rss_mb,
+            Some(120.0),
+            "the largest node"
+        );
+        assert_eq!(
+            resources.workers_peak_rss_mb,
+            Some(60.0),
+            "both nodes' at 1 s"
+        );
+        // Each process's own CPU during the run: 4 + 2 + 1.
+        assert_eq!(resources.cpu_s, Some(7.0));
+    }
+
+    #[test]
     fn this_process_is_found_with_its_memory() {
-        let mut sampler = Sampler::new(Some(std::process::id()), Instant::now());
+        let mut sampler = Sampler::new(vec![std::process::id()], Instant::now());
         sampler.sample();
         sampler.sample();
         let resources = sampler.resources(Duration::ZERO, true);
         assert_eq!(resources.samples, 2);
+        assert_eq!(resources.engine_processes, 1);
         assert!(resources.engine_peak_rss_mb.unwrap() > 1.0);
         assert!(resources.cpu_s.unwrap() >= 0.0);
     }

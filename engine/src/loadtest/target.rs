@@ -502,17 +502,21 @@ impl Target {
         }
     }
 
-    /// The process that runs the engine, for its memory and CPU: this one when embedded,
-    /// the socket's peer for a daemon; unknown over HTTP.
-    pub async fn engine_pid(&self) -> Option<u32> {
+    /// The processes that run the engine, for their memory and CPU: this one when embedded,
+    /// the socket's peer for a daemon, each node of a cluster the harness runs; none known
+    /// over HTTP.
+    pub async fn engine_pids(&self) -> Vec<u32> {
         match self {
-            Target::Embedded { .. } => Some(std::process::id()),
+            Target::Embedded { .. } => vec![std::process::id()],
             Target::Socket(socket) => {
-                let stream = tokio::net::UnixStream::connect(&socket.path).await.ok()?;
-                let pid = stream.peer_cred().ok()?.pid()?;
-                u32::try_from(pid).ok()
+                let peer = async {
+                    let stream = tokio::net::UnixStream::connect(&socket.path).await.ok()?;
+                    u32::try_from(stream.peer_cred().ok()?.pid()?).ok()
+                };
+                peer.await.into_iter().collect()
             }
-            Target::Http(_) | Target::Cluster { .. } => None,
+            Target::Cluster { cluster, .. } => cluster.pids(),
+            Target::Http(_) => Vec::new(),
         }
     }
 

@@ -315,6 +315,12 @@ async fn a_killed_nodes_sessions_answer_again_on_another_with_nothing_lost() {
     );
     // The clients went on checking their counters after the kill.
     assert!(report.ops[COUNTER].count > 20, "{text}");
+    // Both nodes' processes were sampled, the restarted one as a new process.
+    let resources = &report.resources;
+    assert_eq!(resources.engine_processes, 2, "{text}");
+    assert!(resources.engine_peak_rss_mb.unwrap() > 1.0, "{text}");
+    assert!(resources.workers_peak_rss_mb.unwrap() > 1.0, "{text}");
+    assert!(text.contains("the largest of 2 nodes"), "{text}");
 }
 
 /// The cluster target given by URLs: a cluster that runs already (two nodes on one real
