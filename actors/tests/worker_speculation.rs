@@ -6,11 +6,9 @@
 
 use std::path::Path;
 
-use pyvisor_actors::worker::{Worker, WorkerEvent};
-use pyvisor_actors::OutputStream;
+use pyvisor_actors::worker::Worker;
 use pyvisor_protocol::{
-    CellFacts, ErrorInfo, HostMessage, NameStamp, ResultValue, SpeculativeOutcome, Transaction,
-    WorkerMessage, WorkerStatus,
+    HostMessage, NameStamp, SpeculativeOutcome, Transaction, WorkerMessage, WorkerStatus,
 };
 
 #[allow(
@@ -18,92 +16,11 @@ use pyvisor_protocol::{
     reason = "the shared helpers serve several test files; this one needs a few"
 )]
 mod common;
+mod executions;
 mod frames;
 
-use common::PATIENCE;
+use executions::{facts, ok, run};
 use frames::{next_message, send, start};
-
-/// What a real execution produced.
-#[derive(Debug)]
-struct Real {
-    status: WorkerStatus,
-    result: Option<ResultValue>,
-    error: Option<ErrorInfo>,
-    stdout: String,
-    stderr: String,
-    facts: Option<Box<CellFacts>>,
-}
-
-/// Executes `code`, with its facts when `facts`, collecting its output.
-async fn run(worker: &mut Worker, code: &str, facts: bool) -> Real {
-    send(
-        worker,
-        HostMessage::Execute {
-            id: "e".into(),
-            code: code.into(),
-            repr_limit: 65536,
-            transaction: Transaction::CommitAlways,
-            facts,
-            cell: None,
-        },
-    );
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let mut ended = None;
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            match worker.events.recv().await.expect("the worker is alive") {
-                WorkerEvent::Output { stream, bytes } => match stream {
-                    OutputStream::Stdout => stdout.extend(bytes),
-                    OutputStream::Stderr => stderr.extend(bytes),
-                },
-                WorkerEvent::Message(WorkerMessage::Result {
-                    id,
-                    status,
-                    result,
-                    error,
-                    ..
-                }) if id == "e" => {
-                    let real = Real {
-                        status,
-                        result,
-                        error,
-                        stdout: String::from_utf8(std::mem::take(&mut stdout))
-                            .expect("UTF-8 output"),
-                        stderr: String::from_utf8(std::mem::take(&mut stderr))
-                            .expect("UTF-8 output"),
-                        facts: None,
-                    };
-                    if !facts {
-                        return real;
-                    }
-                    ended = Some(real);
-                }
-                WorkerEvent::Message(WorkerMessage::Facts { id, facts: told }) if id == "e" => {
-                    let mut real = ended.take().expect("the facts come after the result");
-                    real.facts = told;
-                    return real;
-                }
-                other => panic!("unexpected while {code:?} runs: {other:?}"),
-            }
-        }
-    })
-    .await
-    .expect("the execution ends")
-}
-
-/// Executes code that must succeed.
-async fn ok(worker: &mut Worker, code: &str) -> Real {
-    let real = run(worker, code, false).await;
-    assert_eq!(real.status, WorkerStatus::Ok, "{code}: {real:?}");
-    real
-}
-
-/// The facts of an execution that must succeed.
-async fn facts(worker: &mut Worker, code: &str) -> CellFacts {
-    let real = run(worker, code, true).await;
-    assert_eq!(real.status, WorkerStatus::Ok, "{code}: {real:?}");
-    *real.facts.expect("facts were asked for")
-}
 
 fn speculate_message(id: &str, snippets: &[&str], cpu_ms: u64) -> HostMessage {
     HostMessage::Speculate {

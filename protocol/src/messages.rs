@@ -183,6 +183,10 @@ pub struct ObjectSummary {
     /// Type name of a pandas index (`RangeIndex`, `DatetimeIndex`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<String>,
+    /// The first few string labels of an index that is not a `RangeIndex` (at most 5, each
+    /// at most 40 characters): the session's own data, for the predictor only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
 }
 
 /// One column of a frame (or a Series).
@@ -196,6 +200,10 @@ pub struct ColumnSummary {
     pub nulls: u64,
     /// Distinct values (estimated from a sample on large frames).
     pub distinct: u64,
+    /// For a text column of few distinct values, its most frequent string values (at most
+    /// 5, each at most 40 characters): the session's own data, for the predictor only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
 }
 
 /// What a speculative run of one snippet produced, as a real execution would have.

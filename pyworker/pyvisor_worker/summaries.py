@@ -9,8 +9,18 @@ rows spread evenly over it: nulls scaled to the whole, distinct as found in the 
 estimate, low for columns of mostly unique values). A count pandas cannot compute (unhashable
 values) is 0. The summary of a value whose content fingerprint has not changed since the last
 facts is reused, so a frame that cell after cell only reads is counted once.
+
+Literals the predictor can write, from the session's own data (they go to the engine in the
+facts only): "labels", the first MAX_LABELS distinct string labels among the first
+LABELS_SCANNED of an index that is not a RangeIndex, and per column "values", the MAX_VALUES
+most frequent string values (counted on about VALUES_SAMPLE rows spread evenly over the sample)
+of an object, category or string column of at most VALUED_DISTINCT distinct values, for at most
+VALUED_COLUMNS columns. Each literal is at most MAX_TEXT characters (longer ones are left out)
+and an object's literals at most MAX_LITERAL_BYTES in all; values that cannot be read leave
+their columns without.
 """
 
+import collections
 import sys
 
 from pyvisor_worker import fingerprints
@@ -18,6 +28,14 @@ from pyvisor_worker import fingerprints
 MAX_COLUMNS = 200
 SAMPLE_ABOVE = 2000
 SAMPLE = 1000
+MAX_LABELS = 5
+LABELS_SCANNED = 20
+MAX_VALUES = 5
+VALUED_DISTINCT = 50
+VALUED_COLUMNS = 16
+VALUES_SAMPLE = 100
+MAX_TEXT = 40
+MAX_LITERAL_BYTES = 2048
 
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 _cache = {}  # name -> (content fingerprint of its value, summary)
@@ -55,12 +73,29 @@ def forget(names):
 def _pandas_summary(value):
     pandas = sys.modules["pandas"]
     if isinstance(value, pandas.DataFrame):
-        return {"len": len(value), "shape": list(value.shape), "index": _index_kind(value),
-                "columns": _columns(value.iloc[:, :MAX_COLUMNS], len(value))}
-    if isinstance(value, pandas.Series):
-        return {"len": len(value), "shape": [len(value)], "index": _index_kind(value),
-                "columns": _columns(value.to_frame(_label(value.name)), len(value))}
-    return None
+        frame, shape = value.iloc[:, :MAX_COLUMNS], list(value.shape)
+    elif isinstance(value, pandas.Series):
+        frame, shape = value.to_frame(_label(value.name)), [len(value)]
+    else:
+        return None
+    sample = _spread(frame, SAMPLE) if len(frame) > SAMPLE_ABOVE else frame
+    columns = _columns(frame, sample, len(frame))
+    described = {"len": len(value), "shape": shape, "index": _index_kind(value),
+                 "columns": columns}
+    budget = [MAX_LITERAL_BYTES]
+    labels = _labels(value, pandas, budget)
+    if labels:
+        described["labels"] = labels
+    _values(sample, columns, budget)
+    return described
+
+
+def _spread(frame, rows):
+    """`rows` rows of `frame` spread evenly over it (all of them when it has no more)."""
+    if len(frame) <= rows:
+        return frame
+    step = len(frame) / rows
+    return frame.iloc[[int(i * step) for i in range(rows)]]
 
 
 def _label(name):
@@ -71,12 +106,60 @@ def _index_kind(value):
     return type(value.index).__name__
 
 
-def _columns(frame, rows):
-    """The column summaries of `frame`, which has `rows` rows."""
-    sample = frame
-    if rows > SAMPLE_ABOVE:
-        step = rows / SAMPLE
-        sample = frame.iloc[[int(i * step) for i in range(SAMPLE)]]
+def _labels(value, pandas, budget):
+    """The first string labels of the index of `value`, unless it is a RangeIndex."""
+    index = value.index
+    if isinstance(index, pandas.RangeIndex):
+        return []
+    try:
+        head = index[:LABELS_SCANNED].tolist()
+    except Exception:  # an index subclass's own code may raise
+        return []
+    return _texts(head, MAX_LABELS, budget)
+
+
+def _values(sample, columns, budget):
+    """Adds "values" to the low-cardinality text columns of `columns`, from `sample`."""
+    positions = [position for position, column in enumerate(columns)
+                 if 0 < column["distinct"] <= VALUED_DISTINCT
+                 and column["dtype"].startswith(("object", "category", "str", "string"))]
+    if not positions:
+        return
+    positions = positions[:VALUED_COLUMNS]
+    step = max(1, len(sample) // VALUES_SAMPLE)
+    for position in positions:
+        if budget[0] <= 0:
+            return
+        try:
+            items = sample.iloc[:, position].to_numpy(dtype=object)[::step].tolist()
+        except Exception:  # a column whose own code raises
+            continue
+        counted = collections.Counter(
+            item for item in items if type(item) is str and len(item) <= MAX_TEXT)
+        ranked = sorted(counted.items(), key=lambda pair: (-pair[1], pair[0]))
+        found = _texts([text for text, _ in ranked], MAX_VALUES, budget)
+        if found:
+            columns[position]["values"] = found
+
+
+def _texts(items, limit, budget):
+    """The first `limit` distinct short strings of `items`, while `budget` (bytes left) lasts."""
+    found = []
+    for item in items:
+        if len(found) == limit:
+            break
+        if type(item) is not str or len(item) > MAX_TEXT or item in found:
+            continue
+        size = len(item.encode("utf-8", "replace"))
+        if size > budget[0]:
+            break
+        budget[0] -= size
+        found.append(item)
+    return found
+
+
+def _columns(frame, sample, rows):
+    """The column summaries of `frame`, which has `rows` rows, counted on `sample`."""
     scale = rows / len(sample) if len(sample) else 1
     nulls = _counts(sample, lambda part: part.isna().sum())
     distinct = _counts(sample, lambda part: part.nunique())

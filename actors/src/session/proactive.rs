@@ -29,6 +29,10 @@ const MAX_FACT_OBJECTS: usize = 20;
 const MAX_FACT_COLUMNS: usize = 200;
 const MAX_FACT_NAMES: usize = 4096;
 const MAX_FACT_FILES: usize = 64;
+/// Literals of the data (index labels, column values) kept per object or column, and the
+/// longest kept, in bytes (the worker sends at most 5 of at most 40 characters).
+const MAX_FACT_LITERALS: usize = 5;
+const MAX_FACT_LITERAL_BYTES: usize = 160;
 
 /// What a session needs to take part in proactive computation.
 #[derive(Clone)]
@@ -228,7 +232,48 @@ fn bounded(mut facts: Box<CellFacts>) -> Option<Box<CellFacts>> {
     facts.objects.truncate(MAX_FACT_OBJECTS);
     for object in &mut facts.objects {
         object.columns.truncate(MAX_FACT_COLUMNS);
+        bound_literals(&mut object.labels);
+        for column in &mut object.columns {
+            bound_literals(&mut column.values);
+        }
     }
     facts.files.truncate(MAX_FACT_FILES);
     Some(facts)
+}
+
+/// `literals` without the overlong ones, at most [`MAX_FACT_LITERALS`].
+fn bound_literals(literals: &mut Vec<String>) {
+    literals.retain(|l| l.len() <= MAX_FACT_LITERAL_BYTES);
+    literals.truncate(MAX_FACT_LITERALS);
+}
+
+#[cfg(test)]
+mod tests {
+    use pyvisor_protocol::messages::{ColumnSummary, ObjectSummary};
+
+    use super::*;
+
+    #[test]
+    fn the_literals_a_worker_sends_are_cut_to_their_bounds() {
+        let many: Vec<String> = (0..50).map(|i| format!("v{i}")).collect();
+        let mut literals = many.clone();
+        literals.insert(1, "x".repeat(MAX_FACT_LITERAL_BYTES + 1));
+        let facts = CellFacts {
+            objects: vec![ObjectSummary {
+                name: "df".into(),
+                labels: literals.clone(),
+                columns: vec![ColumnSummary {
+                    name: "a".into(),
+                    values: literals,
+                    ..ColumnSummary::default()
+                }],
+                ..ObjectSummary::default()
+            }],
+            ..CellFacts::default()
+        };
+        let kept = bounded(Box::new(facts)).expect("name lists are short");
+        let object = &kept.objects[0];
+        assert_eq!(object.labels, many[..MAX_FACT_LITERALS]);
+        assert_eq!(object.columns[0].values, many[..MAX_FACT_LITERALS]);
+    }
 }

@@ -28,7 +28,6 @@ const MAX_FILLINGS: usize = 40;
 const HINT_CHILDREN: usize = 6;
 /// The probability a hint starts with.
 const HINT_PRIOR: f64 = 0.9;
-
 /// A filling of a template's slots under construction.
 #[derive(Debug, Clone)]
 struct Partial {
@@ -359,23 +358,28 @@ impl SessionModel {
             partial = next;
             first_var &= slot.column;
         }
-        partial
-            .into_iter()
-            .filter_map(|part| {
-                let filling = Filling {
-                    prev_vars: &context.vars,
-                    prev_cols: &context.cols,
-                    vars: &part.vars,
-                    cols: &part.cols,
-                };
-                let tokens = wrap(instantiate_tokens(rel, &filling)?);
-                if !single_expression(&tokens) {
-                    return None;
-                }
-                let named: Vec<String> = part.vars.iter().chain(&context.vars).cloned().collect();
-                Some((render(&tokens), part.fit, self.default_cost(&named)))
-            })
-            .collect()
+        let mut out = Vec::new();
+        for part in partial {
+            let filling = Filling {
+                prev_vars: &context.vars,
+                prev_cols: &context.cols,
+                vars: &part.vars,
+                cols: &part.cols,
+                literals: &[],
+            };
+            let Some(tokens) = instantiate_tokens(rel, &filling).map(&wrap) else {
+                continue;
+            };
+            if !single_expression(&tokens) {
+                continue;
+            }
+            let named: Vec<String> = part.vars.iter().chain(&context.vars).cloned().collect();
+            let cost = self.default_cost(&named);
+            for (tokens, fit) in self.fill_literals(tokens) {
+                out.push((render(&tokens), part.fit * fit, cost));
+            }
+        }
+        out
     }
 
     /// The names that may fill one slot, with how well each fits.

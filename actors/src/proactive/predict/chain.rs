@@ -181,6 +181,7 @@ mod tests {
         Scope {
             vars: ["df".to_string()].into(),
             columns: ["a".to_string(), "b".to_string()].into(),
+            ..Scope::default()
         }
     }
 

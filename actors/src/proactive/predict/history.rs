@@ -47,6 +47,7 @@ impl GuessKind {
             GuessKind::Repeated => "repeated",
             GuessKind::OtherColumn => "other-column",
             GuessKind::OtherObject => "other-object",
+            GuessKind::OtherLiteral => "other-literal",
         }
     }
 }
@@ -64,6 +65,8 @@ pub enum GuessKind {
     OtherColumn,
     /// A recent cell on another object of the same kind (`varied.rs`).
     OtherObject,
+    /// A recent cell with other literals of the data (`varied.rs`).
+    OtherLiteral,
 }
 
 impl SessionModel {
@@ -156,6 +159,7 @@ impl SessionModel {
         let filling = Filling {
             vars,
             cols,
+            literals: &past.template.literals,
             ..Filling::default()
         };
         Some(HistoryGuess {

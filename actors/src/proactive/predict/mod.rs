@@ -11,6 +11,7 @@ mod evaluate;
 mod history;
 mod learn;
 mod learned;
+mod literals;
 mod model;
 mod normal;
 pub mod offline;

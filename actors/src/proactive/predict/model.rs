@@ -82,6 +82,10 @@ impl SessionModel {
         let mut scope = self.scope();
         for object in &facts.objects {
             scope.columns.extend(string_labels(object));
+            scope.labels.extend(object.labels.iter().cloned());
+            scope
+                .values
+                .extend(object.columns.iter().flat_map(|c| c.values.iter().cloned()));
         }
         let tokens = tokens.unwrap_or_default();
         let template = abstract_tokens(&tokens, &scope);
@@ -168,11 +172,22 @@ impl SessionModel {
         self.history.iter()
     }
 
-    /// The names templates abstract: the session's variables and its frames' column labels.
+    /// The names templates abstract: the session's variables and its frames' column labels,
+    /// and the literals of its data (index labels, column values).
     pub fn scope(&self) -> Scope {
         Scope {
             vars: self.vars.clone(),
             columns: self.objects.values().flat_map(string_labels).collect(),
+            labels: self
+                .objects
+                .values()
+                .flat_map(|o| o.labels.iter().cloned())
+                .collect(),
+            values: self
+                .objects
+                .values()
+                .flat_map(|o| o.columns.iter().flat_map(|c| c.values.iter().cloned()))
+                .collect(),
         }
     }
 

@@ -14,6 +14,7 @@ pub(super) fn column(name: &str, dtype: &str, distinct: u64) -> ColumnSummary {
         dtype: dtype.to_string(),
         nulls: 0,
         distinct,
+        values: Vec::new(),
     }
 }
 
@@ -27,6 +28,7 @@ pub(super) fn frame(name: &str, columns: Vec<ColumnSummary>) -> ObjectSummary {
         shape: vec![1000, columns.len() as u64],
         columns,
         index: Some("RangeIndex".to_string()),
+        labels: Vec::new(),
     }
 }
 

@@ -4,6 +4,12 @@
 //!
 //! A template relative to a previous cell refers to that cell's slots as `$p0`, `$pc0`, and
 //! keeps its own free slots numbered from 0.
+//!
+//! A string literal that is data rather than a name, a label of an index or a value of a
+//! column in scope, becomes a literal slot `$v0` (`df.loc['Mike']` is `$0.loc[$v0]`,
+//! `df[df.sex == 'M']` is `$0[$0.$c0==$v0]`). The template keeps the literals it was written
+//! with ([`Template::literals`]); a template learned from another session is filled from the
+//! facts of the object it is applied to (`literals.rs`).
 
 use std::collections::HashSet;
 
@@ -18,6 +24,10 @@ pub struct Scope {
     pub vars: HashSet<String>,
     /// String column labels of the frames in scope.
     pub columns: HashSet<String>,
+    /// String index labels of the objects in scope.
+    pub labels: HashSet<String>,
+    /// Frequent string values of the columns in scope.
+    pub values: HashSet<String>,
 }
 
 /// A cell abstracted: its template key and what fills each slot.
@@ -32,6 +42,16 @@ pub struct Template {
     pub vars: Vec<String>,
     /// `cols[i]` fills `$ci`.
     pub cols: Vec<String>,
+    /// `literals[i]` fills `$vi`.
+    pub literals: Vec<String>,
+}
+
+/// The number of a literal slot token (`$v…`); `None` for any other token.
+pub fn literal_slot(token: &Token) -> Option<usize> {
+    if token.kind != Kind::Slot {
+        return None;
+    }
+    token.text.strip_prefix("$v")?.parse().ok()
 }
 
 /// A slot as it appears in a template key.
@@ -81,6 +101,7 @@ pub fn abstract_cell(code: &str, scope: &Scope) -> Option<Template> {
 pub fn abstract_tokens(tokens: &[Token], scope: &Scope) -> Template {
     let mut vars: Vec<String> = Vec::new();
     let mut cols: Vec<String> = Vec::new();
+    let mut literals: Vec<String> = Vec::new();
     let mut out: Vec<Token> = Vec::with_capacity(tokens.len());
     let mut depth = 0usize;
     for (i, token) in tokens.iter().enumerate() {
@@ -107,11 +128,20 @@ pub fn abstract_tokens(tokens: &[Token], scope: &Scope) -> Template {
                 (on_slot && !called && scope.columns.contains(&token.text))
                     .then(|| (true, slot_index(&mut cols, &token.text)))
             }
-            Kind::Str => token
-                .value
-                .as_ref()
-                .filter(|v| scope.columns.contains(*v))
-                .map(|v| (true, slot_index(&mut cols, v))),
+            Kind::Str => {
+                let value = token.value.as_ref();
+                if let Some(v) = value.filter(|v| scope.columns.contains(*v)) {
+                    Some((true, slot_index(&mut cols, v)))
+                } else if let Some(v) =
+                    value.filter(|v| scope.labels.contains(*v) || scope.values.contains(*v))
+                {
+                    let index = slot_index(&mut literals, v);
+                    out.push(slot_like(&format!("$v{index}")));
+                    continue;
+                } else {
+                    None
+                }
+            }
             _ => None,
         };
         out.push(match slot {
@@ -127,6 +157,7 @@ pub fn abstract_tokens(tokens: &[Token], scope: &Scope) -> Template {
         .iter()
         .map(|t| match t.kind {
             Kind::Str => slot_like("$s"),
+            Kind::Slot if literal_slot(t).is_some() => slot_like("$s"),
             Kind::Number => slot_like("$n"),
             _ => t.clone(),
         })
@@ -136,6 +167,7 @@ pub fn abstract_tokens(tokens: &[Token], scope: &Scope) -> Template {
         context: render(&general),
         vars,
         cols,
+        literals,
     }
 }
 
@@ -174,14 +206,15 @@ pub fn slots(key: &str) -> Vec<Slot> {
     out
 }
 
-/// Rewrites the slots of `key` through `map`, which is also told whether the slot follows a
-/// `.`; `None` when a slot has no replacement.
+/// Rewrites the variable and column slots of `key` through `map`, which is also told whether
+/// the slot follows a `.`; `None` when a slot has no replacement. Literal slots stay.
 fn rewrite(key: &str, mut map: impl FnMut(Slot, bool) -> Option<Token>) -> Option<Vec<Token>> {
     let tokens = tokenize_template(key)?;
     let mut out: Vec<Token> = Vec::with_capacity(tokens.len());
     for token in tokens.iter() {
         let after_dot = out.last().is_some_and(|t| t.is_op("."));
         out.push(match token.kind {
+            Kind::Slot if literal_slot(token).is_some() => token.clone(),
             Kind::Slot => map(Slot::parse(&token.text)?, after_dot)?,
             _ => token.clone(),
         });
@@ -231,17 +264,21 @@ pub struct Filling<'a> {
     pub prev_cols: &'a [String],
     pub vars: &'a [String],
     pub cols: &'a [String],
+    /// The literals of the template's own cell, when it is refilled.
+    pub literals: &'a [String],
 }
 
-/// The code of `key` with its slots filled; `None` when a slot is missing or a label cannot
-/// be written where it stands.
+/// The code of `key` with its slots filled; `None` when a slot is missing or a label or
+/// literal cannot be written where it stands.
 pub fn instantiate(key: &str, filling: &Filling) -> Option<String> {
-    instantiate_tokens(key, filling).map(|t| render(&t))
+    instantiate_tokens(key, filling)
+        .filter(|t| !t.iter().any(|t| literal_slot(t).is_some()))
+        .map(|t| render(&t))
 }
 
-/// [`instantiate`], as tokens.
+/// [`instantiate`], as tokens; literal slots that `filling` has no literal for stay.
 pub fn instantiate_tokens(key: &str, filling: &Filling) -> Option<Vec<Token>> {
-    rewrite(key, |slot, after_dot| {
+    let mut tokens = rewrite(key, |slot, after_dot| {
         let names = match (slot.prev, slot.column) {
             (true, true) => filling.prev_cols,
             (true, false) => filling.prev_vars,
@@ -258,12 +295,25 @@ pub fn instantiate_tokens(key: &str, filling: &Filling) -> Option<Vec<Token>> {
                 value: None,
             });
         }
-        // A label that needs escaping is left out rather than written differently.
-        (!name.contains(['\\', '\'', '"', '\n', '\r'])).then(|| Token {
-            kind: Kind::Str,
-            text: format!("'{name}'"),
-            value: Some(name.clone()),
-        })
+        string_token(name)
+    })?;
+    for token in &mut tokens {
+        if let Some(index) = literal_slot(token) {
+            if let Some(literal) = filling.literals.get(index) {
+                *token = string_token(literal)?;
+            }
+        }
+    }
+    Some(tokens)
+}
+
+/// `text` as a string literal; `None` when it needs escaping (it is left out rather than
+/// written differently).
+pub fn string_token(text: &str) -> Option<Token> {
+    (!text.contains(['\\', '\'', '"', '\n', '\r'])).then(|| Token {
+        kind: Kind::Str,
+        text: format!("'{text}'"),
+        value: Some(text.to_string()),
     })
 }
 
@@ -359,6 +409,7 @@ mod tests {
         Scope {
             vars: vars.iter().map(|s| s.to_string()).collect(),
             columns: columns.iter().map(|s| s.to_string()).collect(),
+            ..Scope::default()
         }
     }
 
@@ -366,6 +417,7 @@ mod tests {
         Filling {
             vars: &t.vars,
             cols: &t.cols,
+            literals: &t.literals,
             ..Filling::default()
         }
     }
@@ -418,6 +470,7 @@ mod tests {
                 prev_cols: &prev.cols,
                 vars: &["y".into()],
                 cols: &["c".into()],
+                literals: &[],
             },
         );
         assert_eq!(

@@ -2,7 +2,7 @@
 //! token stream (names, numbers, strings, operators, logical lines and indentation), with
 //! comments, blank lines and the layout inside brackets dropped.
 //!
-//! It also reads the slot markers of templates (`$0`, `$c1`, `$p0`, `$pc0`), which no Python
+//! It also reads the slot markers of templates (`$0`, `$c1`, `$p0`, `$pc0`, `$v0`), which no Python
 //! code contains, when asked to.
 
 use std::cell::RefCell;
@@ -16,7 +16,7 @@ pub enum Kind {
     Number,
     Str,
     Op,
-    /// A template slot marker (`$0`, `$c0`, `$p0`, `$pc0`).
+    /// A template slot marker (`$0`, `$c0`, `$p0`, `$pc0`, `$v0`).
     Slot,
     /// End of a logical line at the top level.
     Newline,
@@ -266,7 +266,7 @@ impl Lexer {
     fn slot(&mut self) -> Option<()> {
         let start = self.pos;
         self.pos += 1;
-        while self.peek(0).is_some_and(|c| c == 'p' || c == 'c') {
+        while self.peek(0).is_some_and(|c| matches!(c, 'p' | 'c' | 'v')) {
             self.pos += 1;
         }
         let digits = self.pos;

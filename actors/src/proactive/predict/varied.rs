@@ -1,18 +1,23 @@
 //! The session's last cells again with one slot refilled: the same inspection of the next
-//! column (`df['a'].nunique()` then `df['b'].nunique()`), or of another object of the same
-//! kind that has the columns it reads (`len(week1)` then `len(week2)`).
+//! column (`df['a'].nunique()` then `df['b'].nunique()`), of another object of the same
+//! kind that has the columns it reads (`len(week1)` then `len(week2)`), or with other literals
+//! of the data (`df[df.sex == 'M']` then `df[df.sex == 'F']`).
 //!
 //! Part of the history source (`history.rs` adds these guesses to its own); each way of
 //! varying has its own rate, counted on the corpus like the history's.
 
 use super::history::{GuessKind, HistoryGuess};
 use super::model::{column_class, Observed, SessionModel};
+use super::normal::render;
+use super::template::{instantiate_tokens, Filling};
 
 /// How many of the last cells are varied.
 const LAST_CELLS: usize = 1;
 /// Columns tried for one column slot, and objects for one variable.
 const COLUMNS: usize = 2;
 const OBJECTS: usize = 3;
+/// Other fillings of a cell's literal slots tried.
+const LITERALS: usize = 3;
 
 impl SessionModel {
     /// The last few single-expression cells, each with one column or one object changed.
@@ -28,8 +33,39 @@ impl SessionModel {
         for (age, past) in recent {
             out.extend(self.other_columns(past, age));
             out.extend(self.other_objects(past, age));
+            out.extend(self.other_literals(past, age));
         }
         out
+    }
+
+    /// `past` with its literals of the data (index labels, column values) replaced by others
+    /// of the same object or column.
+    fn other_literals(&self, past: &Observed, age: usize) -> Vec<HistoryGuess> {
+        if past.template.literals.is_empty() {
+            return Vec::new();
+        }
+        let filling = Filling {
+            vars: &past.template.vars,
+            cols: &past.template.cols,
+            ..Filling::default()
+        };
+        let Some(tokens) = instantiate_tokens(&past.template.key, &filling) else {
+            return Vec::new();
+        };
+        let cost_ms = self.default_cost(&past.template.vars);
+        self.fill_literals(tokens)
+            .into_iter()
+            .map(|(tokens, _)| render(&tokens))
+            .filter(|code| past.normal.as_ref() != Some(code))
+            .take(LITERALS)
+            .map(|code| HistoryGuess {
+                code,
+                template: past.template.key.clone(),
+                cost_ms,
+                kind: GuessKind::OtherLiteral,
+                age,
+            })
+            .collect()
     }
 
     /// `past` with one of its columns replaced by another of the same class (type and
