@@ -119,7 +119,9 @@ def speculate(request):
     child = _Child(speculation_id, pid)
     with _lock:
         _live = child
-        if state.speculation_cancels != cancels:  # an execute arrived during the fork
+        # A cancel of this speculation, or an execute, that came during the fork.
+        cancelled = _waiting_cancels.pop(speculation_id, False) is None
+        if cancelled or state.speculation_cancels != cancels:
             _kill(child)
     protocol.start_thread(_collect, child, read_fd)
     return None
