@@ -393,7 +393,7 @@ pub(crate) fn node_config_with(
 
 /// A session of alice's on `node` that ran `code`, and the id of the checkpoint of it that
 /// the node has uploaded to the store `store` connects to.
-async fn checkpointed_session(
+pub(crate) async fn checkpointed_session(
     node: &Daemon,
     store: &tokio_postgres::Client,
     code: &str,
@@ -423,7 +423,7 @@ async fn checkpointed_session(
 
 /// Runs `code` in alice's `session` on `node` until the answer is not `-32008`: the lease of
 /// the node that held the session ran out, and `node` took it over. That answer.
-async fn execute_once_free(node: &Daemon, session: &str, code: &str) -> Value {
+pub(crate) async fn execute_once_free(node: &Daemon, session: &str, code: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let answer = execute(node, session, "alice", code).await;
@@ -439,7 +439,7 @@ async fn execute_once_free(node: &Daemon, session: &str, code: &str) -> Value {
 }
 
 /// Nodes `node-a` and `node-b` of the store `db`, their homes under `homes`.
-async fn two_nodes(db: &postgres::Database, homes: &Path) -> (Daemon, Daemon) {
+pub(crate) async fn two_nodes(db: &postgres::Database, homes: &Path) -> (Daemon, Daemon) {
     two_nodes_with(db, homes, "").await
 }
 

@@ -1,0 +1,143 @@
+//! Failover under load, against a real throwaway PostgreSQL and real daemon processes: the
+//! sessions of a killed node taken over together on one survivor, each claimed and restored
+//! once; and a request whose remembered holder lost the session, counted once as forwarded
+//! when the store's holder answers it.
+
+use crate::common;
+use crate::common::postgres;
+
+use nix::sys::signal::Signal;
+
+use super::cluster::{
+    advertised_node_config, checkpointed_session, execute, execute_once_free, free_port, metric,
+    two_nodes,
+};
+use common::{http_get, Daemon};
+use postgres::until;
+
+#[tokio::test]
+async fn a_dead_nodes_sessions_are_restored_together_on_one_node_each_once() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let (mut node_a, node_b) = two_nodes(&db, homes.path()).await;
+    let store = db.connect().await;
+    let mut sessions = Vec::new();
+    for n in 0..3 {
+        sessions.push(checkpointed_session(&node_a, &store, &format!("x = {n}")).await);
+    }
+    node_a.child.kill().expect("kill -9 node A");
+    node_a.child.wait().expect("reap node A");
+
+    // The store's checkpoints stay locked until the three take-overs wait for them at the
+    // same time. Taken over one after another, only one would ever wait, and this would
+    // time out.
+    let mut locker = db.connect().await;
+    let lock = locker.transaction().await.expect("begin");
+    lock.batch_execute("LOCK TABLE pyvisor_checkpoints IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock the checkpoints");
+    let requests = sessions
+        .iter()
+        .map(|(session, _)| execute_once_free(&node_b, session, "x + 100"));
+    let release = async {
+        until("the three take-overs wait for the checkpoints together", || async {
+            let waiting: i64 = store
+                .query_one(
+                    "SELECT count(*) FROM pg_locks
+                     WHERE relation = 'pyvisor_checkpoints'::regclass AND NOT granted",
+                    &[],
+                )
+                .await
+                .expect("read the locks")
+                .get(0);
+            waiting == 3
+        })
+        .await;
+        lock.rollback().await.expect("release the checkpoints");
+    };
+    let (answers, ()) = tokio::join!(futures::future::join_all(requests), release);
+
+    for (n, ((session, checkpoint), answer)) in sessions.iter().zip(&answers).enumerate() {
+        let result = &answer["result"];
+        assert_eq!(result["status"], "ok", "{answer}\n{}", node_b.log());
+        assert_eq!(result["result"]["repr"], (n + 100).to_string(), "{answer}");
+        let recovered = &result["recovered"];
+        assert_eq!(recovered["from_node"], "node-a", "{recovered}");
+        assert_eq!(recovered["checkpoint_id"], checkpoint.as_str(), "{recovered}");
+        // Claimed once: one epoch bump after the create.
+        let row = store
+            .query_one(
+                "SELECT holder, epoch FROM pyvisor_sessions WHERE session_id = $1",
+                &[session],
+            )
+            .await
+            .expect("the directory row");
+        assert_eq!(row.get::<_, String>(0), "node-b");
+        assert_eq!(row.get::<_, i64>(1), 2, "one claim of {session}");
+        // Restored once: its next result says nothing more, and the state goes on.
+        let next = execute(&node_b, session, "alice", "x = x + 1; x").await;
+        assert_eq!(next["result"]["result"]["repr"], (n + 1).to_string(), "{next}");
+        assert!(next["result"]["recovered"].is_null(), "{next}");
+    }
+    let took_over = node_b.log().matches("took the session over").count();
+    assert_eq!(took_over, 3, "{}", node_b.log());
+}
+
+#[tokio::test]
+async fn a_forward_refused_by_the_remembered_holder_is_counted_once() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let (mut nodes, mut ports) = (Vec::new(), Vec::new());
+    for id in ["node-a", "node-b", "node-c"] {
+        let home = homes.path().join(id);
+        let port = free_port();
+        ports.push(port);
+        let addr = format!("127.0.0.1:{port}");
+        let config = advertised_node_config(&home, &db, id, &format!("http://{addr}"));
+        let args = ["--config", config.to_str().unwrap(), "--http", &addr];
+        nodes.push(Daemon::start_in(&home, &args, &[]).await);
+    }
+    let (node_a, node_b, node_c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let forwarded_by_b = || async {
+        let (_, text) = http_get(ports[1], "/metrics", None).await;
+        metric(&text, "pyvisor_cluster_forwarded_total")
+    };
+    let store = db.connect().await;
+    let (session, _) = checkpointed_session(node_a, &store, "x = 41").await;
+
+    // Node B forwards to node A, and remembers it as the holder.
+    let there = execute(node_b, &session, "alice", "x").await;
+    assert_eq!(there["result"]["node"], "node-a", "{there}");
+    assert_eq!(forwarded_by_b().await, 1.0);
+
+    // Node A is paused past its lease; node C takes the session over; node A wakes and
+    // gives it up.
+    node_a.signal(Signal::SIGSTOP);
+    until("node A's lease ran out", || async {
+        store
+            .query_one(
+                "SELECT lease_expires_at < now() FROM pyvisor_sessions WHERE session_id = $1",
+                &[&session],
+            )
+            .await
+            .expect("the directory row")
+            .get(0)
+    })
+    .await;
+    let taken = execute_once_free(node_c, &session, "x = x + 1; x").await;
+    assert_eq!(taken["result"]["result"]["repr"], "42", "{taken}");
+    node_a.signal(Signal::SIGCONT);
+    until("node A gave the session up", || async {
+        node_a
+            .log()
+            .contains("lost the session's lease to another node")
+    })
+    .await;
+
+    // Node B asks node A first, which refuses; the store says node C; node C answers. One
+    // request, one forward.
+    let moved = execute(node_b, &session, "alice", "x").await;
+    assert_eq!(moved["result"]["result"]["repr"], "42", "{moved}");
+    assert_eq!(moved["result"]["node"], "node-c", "{moved}");
+    assert_eq!(forwarded_by_b().await, 2.0);
+}
