@@ -171,7 +171,7 @@ async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
 }
 
 /// Alice's session `session_id`, to register under `quota`.
-fn new_session(session_id: &str, quota: Option<usize>) -> directory::NewSession<'_> {
+pub(crate) fn new_session(session_id: &str, quota: Option<usize>) -> directory::NewSession<'_> {
     directory::NewSession {
         session_id,
         name: None,

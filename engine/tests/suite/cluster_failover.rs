@@ -1,16 +1,21 @@
 //! Failover under load, against a real throwaway PostgreSQL and real daemon processes: the
 //! sessions of a killed node taken over together on one survivor, each claimed and restored
-//! once; and a request whose remembered holder lost the session, counted once as forwarded
-//! when the store's holder answers it.
+//! once; a request whose remembered holder lost the session, counted once as forwarded
+//! when the store's holder answers it; and the execution count a failover admits as lost,
+//! taken from the holder that died, not from the one before it.
 
 use crate::common;
 use crate::common::postgres;
 
+use std::time::Duration;
+
 use nix::sys::signal::Signal;
+use pyvisor::cluster::directory::{self, Held};
+use pyvisor::cluster::Store;
 
 use super::cluster::{
     advertised_node_config, checkpointed_session, execute, execute_once_free, free_port, metric,
-    two_nodes,
+    new_session, two_nodes,
 };
 use common::{http_get, Daemon};
 use postgres::until;
@@ -40,18 +45,21 @@ async fn a_dead_nodes_sessions_are_restored_together_on_one_node_each_once() {
         .iter()
         .map(|(session, _)| execute_once_free(&node_b, session, "x + 100"));
     let release = async {
-        until("the three take-overs wait for the checkpoints together", || async {
-            let waiting: i64 = store
-                .query_one(
-                    "SELECT count(*) FROM pg_locks
+        until(
+            "the three take-overs wait for the checkpoints together",
+            || async {
+                let waiting: i64 = store
+                    .query_one(
+                        "SELECT count(*) FROM pg_locks
                      WHERE relation = 'pyvisor_checkpoints'::regclass AND NOT granted",
-                    &[],
-                )
-                .await
-                .expect("read the locks")
-                .get(0);
-            waiting == 3
-        })
+                        &[],
+                    )
+                    .await
+                    .expect("read the locks")
+                    .get(0);
+                waiting == 3
+            },
+        )
         .await;
         lock.rollback().await.expect("release the checkpoints");
     };
@@ -63,7 +71,11 @@ async fn a_dead_nodes_sessions_are_restored_together_on_one_node_each_once() {
         assert_eq!(result["result"]["repr"], (n + 100).to_string(), "{answer}");
         let recovered = &result["recovered"];
         assert_eq!(recovered["from_node"], "node-a", "{recovered}");
-        assert_eq!(recovered["checkpoint_id"], checkpoint.as_str(), "{recovered}");
+        assert_eq!(
+            recovered["checkpoint_id"],
+            checkpoint.as_str(),
+            "{recovered}"
+        );
         // Claimed once: one epoch bump after the create.
         let row = store
             .query_one(
@@ -76,7 +88,11 @@ async fn a_dead_nodes_sessions_are_restored_together_on_one_node_each_once() {
         assert_eq!(row.get::<_, i64>(1), 2, "one claim of {session}");
         // Restored once: its next result says nothing more, and the state goes on.
         let next = execute(&node_b, session, "alice", "x = x + 1; x").await;
-        assert_eq!(next["result"]["result"]["repr"], (n + 1).to_string(), "{next}");
+        assert_eq!(
+            next["result"]["result"]["repr"],
+            (n + 1).to_string(),
+            "{next}"
+        );
         assert!(next["result"]["recovered"].is_null(), "{next}");
     }
     let took_over = node_b.log().matches("took the session over").count();
@@ -140,4 +156,56 @@ async fn a_forward_refused_by_the_remembered_holder_is_counted_once() {
     assert_eq!(moved["result"]["result"]["repr"], "42", "{moved}");
     assert_eq!(moved["result"]["node"], "node-c", "{moved}");
     assert_eq!(forwarded_by_b().await, 2.0);
+}
+
+#[tokio::test]
+async fn a_failover_counts_the_executions_the_dead_holder_reported_not_its_predecessor() {
+    let db = postgres::database().await;
+    let store = Store::open(&db.config()).await.expect("open the store");
+    let (long, gone) = (Duration::from_secs(60), Duration::ZERO);
+    let beat = |node: &'static str, epoch: i64, executions: i64, ttl: Duration| {
+        let held = [Held {
+            session_id: "s-1".to_owned(),
+            epoch,
+            execution_count: executions,
+        }];
+        let store = &store;
+        async move {
+            let renewed = directory::renew(store, node, ttl, &held).await;
+            assert_eq!(renewed.expect("a heartbeat"), ["s-1"], "{node} holds s-1");
+        }
+    };
+    for node in ["node-a", "node-b"] {
+        directory::join(&store, node, "http://127.0.0.1:9")
+            .await
+            .expect("join");
+    }
+    let epoch = directory::register(&store, "node-a", long, new_session("s-1", None))
+        .await
+        .expect("register");
+    // Node A reports 15 executions at its last heartbeat, then dies (its lease ends now).
+    beat("node-a", epoch, 15, gone).await;
+    let claim = |node: &'static str| {
+        let store = &store;
+        async move {
+            until("the lease ran out", || async {
+                let lookup = directory::lookup(store, "s-1").await.expect("a lookup");
+                lookup.expect("in the directory").expired
+            })
+            .await;
+            (directory::claim(store, node, long, "s-1").await)
+                .expect("a claim")
+                .expect("the lease ran out")
+        }
+    };
+    let by_b = claim("node-b").await;
+    assert_eq!(by_b.execution_count, 15, "{by_b:?}");
+    // Node B restored a checkpoint of 10 executions and ran 2 more: it reports 12, then dies.
+    beat("node-b", by_b.epoch, 12, gone).await;
+    let by_a = claim("node-a").await;
+    assert_eq!(by_a.from_node.as_deref(), Some("node-b"), "{by_a:?}");
+    assert_eq!(
+        by_a.execution_count, 12,
+        "node B's own count, not node A's older and larger one"
+    );
 }
