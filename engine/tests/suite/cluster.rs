@@ -649,6 +649,26 @@ async fn a_node_paused_past_its_lease_gives_the_session_up_when_it_wakes() {
     );
 }
 
+/// Nodes `ids` of the store `db`, their homes under `homes`, each serving HTTP on a port of
+/// its own that it advertises: the nodes and their ports.
+pub(crate) async fn http_nodes(
+    db: &postgres::Database,
+    homes: &Path,
+    ids: &[&str],
+) -> (Vec<Daemon>, Vec<u16>) {
+    let (mut nodes, mut ports) = (Vec::new(), Vec::new());
+    for id in ids {
+        let home = homes.join(id);
+        let port = free_port();
+        ports.push(port);
+        let addr = format!("127.0.0.1:{port}");
+        let config = advertised_node_config(&home, db, id, &format!("http://{addr}"));
+        let args = ["--config", config.to_str().unwrap(), "--http", &addr];
+        nodes.push(Daemon::start_in(&home, &args, &[]).await);
+    }
+    (nodes, ports)
+}
+
 /// A loopback port nobody listens on now.
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -661,16 +681,7 @@ pub(crate) fn free_port() -> u16 {
 async fn a_request_at_the_wrong_node_is_forwarded_to_the_holder() {
     let db = postgres::database().await;
     let homes = tempfile::tempdir().expect("temp dir");
-    let (mut nodes, mut ports) = (Vec::new(), Vec::new());
-    for id in ["node-a", "node-b"] {
-        let home = homes.path().join(id);
-        let port = free_port();
-        ports.push(port);
-        let addr = format!("127.0.0.1:{port}");
-        let config = advertised_node_config(&home, &db, id, &format!("http://{addr}"));
-        let args = ["--config", config.to_str().unwrap(), "--http", &addr];
-        nodes.push(Daemon::start_in(&home, &args, &[]).await);
-    }
+    let (nodes, ports) = http_nodes(&db, homes.path(), &["node-a", "node-b"]).await;
     let (node_a, node_b) = (&nodes[0], &nodes[1]);
     let mut conn = node_a.connect().await;
     let created = conn.call("session.create", json!({"owner": "alice"})).await;

@@ -14,10 +14,9 @@ use pyvisor::cluster::directory::{self, Held};
 use pyvisor::cluster::Store;
 
 use super::cluster::{
-    advertised_node_config, checkpointed_session, execute, execute_once_free, free_port, metric,
-    new_session, two_nodes,
+    checkpointed_session, execute, execute_once_free, http_nodes, metric, new_session, two_nodes,
 };
-use common::{http_get, Daemon};
+use common::http_get;
 use postgres::until;
 
 #[tokio::test]
@@ -103,16 +102,7 @@ async fn a_dead_nodes_sessions_are_restored_together_on_one_node_each_once() {
 async fn a_forward_refused_by_the_remembered_holder_is_counted_once() {
     let db = postgres::database().await;
     let homes = tempfile::tempdir().expect("temp dir");
-    let (mut nodes, mut ports) = (Vec::new(), Vec::new());
-    for id in ["node-a", "node-b", "node-c"] {
-        let home = homes.path().join(id);
-        let port = free_port();
-        ports.push(port);
-        let addr = format!("127.0.0.1:{port}");
-        let config = advertised_node_config(&home, &db, id, &format!("http://{addr}"));
-        let args = ["--config", config.to_str().unwrap(), "--http", &addr];
-        nodes.push(Daemon::start_in(&home, &args, &[]).await);
-    }
+    let (nodes, ports) = http_nodes(&db, homes.path(), &["node-a", "node-b", "node-c"]).await;
     let (node_a, node_b, node_c) = (&nodes[0], &nodes[1], &nodes[2]);
     let forwarded_by_b = || async {
         let (_, text) = http_get(ports[1], "/metrics", None).await;
