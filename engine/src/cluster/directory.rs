@@ -242,7 +242,9 @@ pub async fn claim(
 
 /// The heartbeat of `node_id`: one statement that marks the node alive and extends the lease
 /// of every session in `held` that it still holds under the same epoch, recording their
-/// execution counts. Returns the ids of the sessions whose leases it extended; a session of
+/// execution counts. The holder's count replaces the one recorded before: after a take-over
+/// the store's count is the old holder's, which may be ahead of the state the new holder
+/// restored, and a later failover would admit executions as lost that were never run. Returns the ids of the sessions whose leases it extended; a session of
 /// `held` missing from them was taken over by another node.
 pub async fn renew(
     store: &Store,
@@ -262,7 +264,7 @@ pub async fn renew(
              )
              UPDATE pyvisor_sessions s
                  SET lease_expires_at = now() + $2 * interval '1 second',
-                     execution_count = greatest(s.execution_count, v.execution_count)
+                     execution_count = v.execution_count
              FROM unnest($3::text[], $4::bigint[], $5::bigint[])
                   AS v (session_id, epoch, execution_count)
              WHERE s.session_id = v.session_id AND s.holder = $1 AND s.epoch = v.epoch

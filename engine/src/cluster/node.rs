@@ -25,9 +25,14 @@ use super::config::ClusterConfig;
 use super::directory::{self, Held};
 use super::forward::Forwarder;
 use super::metrics::{self, LeaseEvent};
-use super::store::{Store, WAIT};
+use super::store::{Store, POOL_SIZE, WAIT};
 use crate::errors::ClusterError;
 use crate::{Engine, Recovered, Session, SessionOptions};
+
+/// The most sessions a node takes over at once (each holds a store connection while its
+/// checkpoint comes down): half the store's pool, so that the heartbeat, the uploader and new
+/// sessions still get connections while a dead node's sessions arrive together.
+pub const TAKE_OVERS_AT_ONCE: usize = POOL_SIZE / 2;
 
 /// A node of the cluster.
 pub struct Node {
@@ -39,8 +44,12 @@ pub struct Node {
     /// What sessions taken over from another node came back with, for their next result.
     recovered: Mutex<HashMap<String, Recovered>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
-    /// Held while a session is taken over: two requests for one session claim it once.
-    taking_over: tokio::sync::Mutex<()>,
+    /// The sessions being taken over, each with the lock its take-over holds: a second
+    /// request for one of them waits for the first and finds it held, so a session is
+    /// claimed and restored once, while take-overs of different sessions run at once.
+    taking_over: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Bounds the take-overs that run at once ([`TAKE_OVERS_AT_ONCE`]).
+    take_over_slots: tokio::sync::Semaphore,
     /// Whether the last heartbeat reached the store.
     store_reachable: AtomicBool,
     forwarder: Forwarder,
@@ -91,7 +100,8 @@ impl Node {
             held: Mutex::default(),
             recovered: Mutex::default(),
             tasks: Mutex::default(),
-            taking_over: tokio::sync::Mutex::new(()),
+            taking_over: Mutex::default(),
+            take_over_slots: tokio::sync::Semaphore::new(TAKE_OVERS_AT_ONCE),
             store_reachable: AtomicBool::new(true),
             forwarder,
             uploading: tokio::sync::Mutex::new(()),
@@ -241,12 +251,17 @@ impl Node {
         owner: Option<&str>,
         limits: impl FnOnce(Option<&str>) -> Option<SessionLimits>,
     ) -> Result<Option<Session>, ClusterError> {
-        let _one_at_a_time = self.taking_over.lock().await;
+        let _turn = self.turn_to_take_over(session_id).await;
         if self.lock_held().contains_key(session_id) {
             // Taken over by a request that came first.
             return Ok(self.engine.session(session_id, owner).await.ok());
         }
         self.refuse_when_draining()?;
+        let _slot = self
+            .take_over_slots
+            .acquire()
+            .await
+            .expect("the take-over slots are never closed");
         let Some(entry) = directory::lookup(&self.store, session_id).await? else {
             return Ok(None);
         };
@@ -365,6 +380,29 @@ impl Node {
         Ok(Some(session))
     }
 
+    /// Waits until no other request takes the session `session_id` over, and holds it so
+    /// until the turn is dropped.
+    async fn turn_to_take_over(&self, session_id: &str) -> TakeOverTurn<'_> {
+        let lock = self
+            .lock_taking_over()
+            .entry(session_id.to_owned())
+            .or_default()
+            .clone();
+        TakeOverTurn {
+            node: self,
+            session_id: session_id.to_owned(),
+            guard: Some(lock.lock_owned().await),
+        }
+    }
+
+    fn lock_taking_over(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
+        self.taking_over
+            .lock()
+            .expect("the take-over locks' lock is never poisoned")
+    }
+
     /// Renews every lease this node holds, and lets go of those another node took.
     async fn heartbeat(&self) {
         let held: Vec<Held> = self
@@ -453,6 +491,28 @@ impl Drop for Node {
     fn drop(&mut self) {
         for task in self.lock_tasks().drain(..) {
             task.abort();
+        }
+    }
+}
+
+/// One request's turn to take a session over; the session's lock is forgotten with the last
+/// turn (one that ends early, its caller gone, included).
+struct TakeOverTurn<'a> {
+    node: &'a Node,
+    session_id: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for TakeOverTurn<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = self.node.lock_taking_over();
+        // Only the map refers to it: no request waits for it.
+        if locks
+            .get(&self.session_id)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        {
+            locks.remove(&self.session_id);
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::errors::ClusterError;
 
 /// Connections a node keeps to the store: the heartbeat, the checkpoint upload and the
 /// requests that claim or register sessions.
-const POOL_SIZE: usize = 8;
+pub const POOL_SIZE: usize = 8;
 
 /// The longest a node waits to connect to the store or for a pooled connection.
 pub const WAIT: Duration = Duration::from_secs(3);

@@ -7,6 +7,12 @@
 //!   with at least that many `lost_executions` (a fault's recovery probe in the session
 //!   included: it may be the first to run on the restored worker). Under `reply` durability
 //!   nothing is allowed.
+//!   On a cluster, `lost_executions` of a session taken over from a killed node is a lower
+//!   bound (docs/cluster.md#failover): it counts what the dead node reported at its last
+//!   heartbeat, not what it acknowledged since. So a loss beyond it is allowed, and counted
+//!   apart ([`Verdict::uncounted`]), up to the checks this client saw acknowledged in the
+//!   window that bound leaves out: two heartbeat periods (`2 × lease_ttl_s / 3`) before the
+//!   kill.
 //!   Anything beyond is a [`LostState`], with the session, the fault that preceded it and the
 //!   checkpoint the session came back from.
 //! - A value higher than expected, or stdout other than the tag (output of another session),
@@ -14,12 +20,14 @@
 //! - After a check that did not come back `ok` (the worker died under it), the increment may
 //!   or may not have been kept: the next check accepts either.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use super::faults::FaultLog;
 use super::ops::status_kind;
+use super::scenario::TargetSpec;
 use super::target::Target;
 use crate::DurabilityMode;
 use crate::{ExecutionStatus, Recovered};
@@ -45,6 +53,9 @@ pub struct LostState {
 #[derive(Debug, Default)]
 pub struct Verdict {
     pub lost: Option<LostState>,
+    /// Counter increments lost beyond the `lost_executions` of a failover, within the window
+    /// that lower bound leaves out (acknowledged after the dead node's last heartbeat).
+    pub uncounted: u64,
     pub wrong: Option<String>,
     pub error: Option<String>,
 }
@@ -59,16 +70,33 @@ pub struct Counter {
     /// Executions the engine reported lost since the last check.
     reported_lost: u64,
     checkpoint: Option<String>,
+    /// A result since the last check said the session came back from a dead node.
+    failed_over: bool,
+    /// Seconds before a node's kill in which acknowledged executions may be lost uncounted:
+    /// on a cluster in the `debounced` mode, two heartbeat periods; else none.
+    uncounted_window_s: Option<f64>,
+    /// When recent checks were acknowledged, in seconds since the start of the run.
+    acked_s: VecDeque<f64>,
 }
 
+/// Acknowledged checks a counter remembers, for the window before a node's kill.
+const ACKS_KEPT: usize = 256;
+
 impl Counter {
-    pub fn new(durability: DurabilityMode) -> Self {
+    pub fn new(target: &TargetSpec) -> Self {
+        let durability = target.durability();
+        let uncounted_window_s = (target.lease_ttl_s())
+            .filter(|_| durability == DurabilityMode::Debounced)
+            .map(|lease_ttl_s| 2.0 * lease_ttl_s / 3.0);
         Self {
             durability,
             expected: 0,
             uncertain: false,
             reported_lost: 0,
             checkpoint: None,
+            failed_over: false,
+            uncounted_window_s,
+            acked_s: VecDeque::new(),
         }
     }
 
@@ -85,6 +113,7 @@ impl Counter {
     pub fn note(&mut self, recovered: Option<&Recovered>) {
         if let Some(recovered) = recovered {
             self.reported_lost += recovered.lost_executions;
+            self.failed_over |= recovered.from_node.is_some();
             if recovered.checkpoint_id.is_some() || recovered.fresh_namespace {
                 self.checkpoint = recovered.checkpoint_id.clone();
             }
@@ -102,6 +131,17 @@ impl Counter {
         match self.durability {
             DurabilityMode::Debounced => self.reported_lost,
             DurabilityMode::Reply => 0,
+        }
+    }
+
+    /// How much more may have gone back uncounted: after a failover, the checks acknowledged
+    /// within the window before the last node's kill that `lost_executions` leaves out.
+    fn uncounted_allowance(&self, faults: &FaultLog) -> u64 {
+        match (self.uncounted_window_s, faults.last_node_kill()) {
+            (Some(window_s), Some(kill_s)) if self.failed_over => {
+                acked_since(&self.acked_s, kill_s - window_s)
+            }
+            _ => 0,
         }
     }
 
@@ -163,7 +203,10 @@ impl Counter {
                 faults.probe_done(session).await;
                 self.note_probes(faults, session);
             }
-            if self.expected - found > self.allowed_loss() {
+            let beyond = (self.expected - found).saturating_sub(self.allowed_loss());
+            if beyond > 0 && beyond <= self.uncounted_allowance(faults) {
+                verdict.uncounted = beyond;
+            } else if beyond > 0 {
                 verdict.lost = Some(LostState {
                     session: session.to_owned(),
                     at_s: faults.elapsed_s(),
@@ -191,8 +234,13 @@ impl Counter {
             self.expected = 0;
         } else {
             self.uncertain = false;
+            if self.acked_s.len() == ACKS_KEPT {
+                self.acked_s.pop_front();
+            }
+            self.acked_s.push_back(faults.elapsed_s());
         }
         self.reported_lost = 0;
+        self.failed_over = false;
         verdict
     }
 
@@ -202,5 +250,53 @@ impl Counter {
             wrong: Some(what),
             ..Verdict::default()
         }
+    }
+}
+
+/// How many of the acknowledgements at `acked_s` (seconds, oldest first) came after `since_s`.
+fn acked_since(acked_s: &VecDeque<f64>, since_s: f64) -> u64 {
+    acked_s.iter().rev().take_while(|&&at| at > since_s).count() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(durability: &str) -> TargetSpec {
+        toml::from_str(&format!(
+            "kind = \"cluster\"\nlease_ttl_s = 3\ndurability = \"{durability}\""
+        ))
+        .expect("a cluster target")
+    }
+
+    #[test]
+    fn only_a_debounced_cluster_leaves_a_window_uncounted() {
+        assert_eq!(
+            Counter::new(&cluster("debounced")).uncounted_window_s,
+            Some(2.0)
+        );
+        assert_eq!(Counter::new(&cluster("reply")).uncounted_window_s, None);
+        let daemon: TargetSpec = toml::from_str("kind = \"embedded\"").expect("a target");
+        assert_eq!(Counter::new(&daemon).uncounted_window_s, None);
+    }
+
+    #[test]
+    fn the_allowance_counts_the_acks_of_the_window_before_the_kill_after_a_failover() {
+        let faults = FaultLog::new(std::time::Instant::now());
+        let mut counter = Counter::new(&cluster("debounced"));
+        counter.acked_s = [1.0, 5.0, 8.5, 9.5, 10.0].into_iter().collect();
+        // No node was killed: nothing goes back uncounted.
+        counter.failed_over = true;
+        assert_eq!(counter.uncounted_allowance(&faults), 0);
+        faults.node_killed();
+        let kill_s = faults.last_node_kill().expect("the kill was noted");
+        counter.acked_s = [kill_s - 9.0, kill_s - 2.5, kill_s - 1.5, kill_s - 0.1]
+            .into_iter()
+            .collect();
+        // The window is 2 s (two heartbeats of a 3 s lease): the last two acks.
+        assert_eq!(counter.uncounted_allowance(&faults), 2);
+        // A session that did not come back from a dead node has no allowance.
+        counter.failed_over = false;
+        assert_eq!(counter.uncounted_allowance(&faults), 0);
     }
 }

@@ -288,7 +288,7 @@ impl Client {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(session.clone());
-        let mut counter = Counter::new(self.scenario.target.durability());
+        let mut counter = Counter::new(&self.scenario.target);
         let weights: f64 = self.scenario.ops.iter().map(|op| op.weight).sum();
         let mut done = 0;
         while !over(done) {

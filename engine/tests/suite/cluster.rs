@@ -171,7 +171,7 @@ async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
 }
 
 /// Alice's session `session_id`, to register under `quota`.
-fn new_session(session_id: &str, quota: Option<usize>) -> directory::NewSession<'_> {
+pub(crate) fn new_session(session_id: &str, quota: Option<usize>) -> directory::NewSession<'_> {
     directory::NewSession {
         session_id,
         name: None,
@@ -393,7 +393,7 @@ pub(crate) fn node_config_with(
 
 /// A session of alice's on `node` that ran `code`, and the id of the checkpoint of it that
 /// the node has uploaded to the store `store` connects to.
-async fn checkpointed_session(
+pub(crate) async fn checkpointed_session(
     node: &Daemon,
     store: &tokio_postgres::Client,
     code: &str,
@@ -423,7 +423,7 @@ async fn checkpointed_session(
 
 /// Runs `code` in alice's `session` on `node` until the answer is not `-32008`: the lease of
 /// the node that held the session ran out, and `node` took it over. That answer.
-async fn execute_once_free(node: &Daemon, session: &str, code: &str) -> Value {
+pub(crate) async fn execute_once_free(node: &Daemon, session: &str, code: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let answer = execute(node, session, "alice", code).await;
@@ -439,7 +439,7 @@ async fn execute_once_free(node: &Daemon, session: &str, code: &str) -> Value {
 }
 
 /// Nodes `node-a` and `node-b` of the store `db`, their homes under `homes`.
-async fn two_nodes(db: &postgres::Database, homes: &Path) -> (Daemon, Daemon) {
+pub(crate) async fn two_nodes(db: &postgres::Database, homes: &Path) -> (Daemon, Daemon) {
     two_nodes_with(db, homes, "").await
 }
 
@@ -649,6 +649,26 @@ async fn a_node_paused_past_its_lease_gives_the_session_up_when_it_wakes() {
     );
 }
 
+/// Nodes `ids` of the store `db`, their homes under `homes`, each serving HTTP on a port of
+/// its own that it advertises: the nodes and their ports.
+pub(crate) async fn http_nodes(
+    db: &postgres::Database,
+    homes: &Path,
+    ids: &[&str],
+) -> (Vec<Daemon>, Vec<u16>) {
+    let (mut nodes, mut ports) = (Vec::new(), Vec::new());
+    for id in ids {
+        let home = homes.join(id);
+        let port = free_port();
+        ports.push(port);
+        let addr = format!("127.0.0.1:{port}");
+        let config = advertised_node_config(&home, db, id, &format!("http://{addr}"));
+        let args = ["--config", config.to_str().unwrap(), "--http", &addr];
+        nodes.push(Daemon::start_in(&home, &args, &[]).await);
+    }
+    (nodes, ports)
+}
+
 /// A loopback port nobody listens on now.
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -661,16 +681,7 @@ pub(crate) fn free_port() -> u16 {
 async fn a_request_at_the_wrong_node_is_forwarded_to_the_holder() {
     let db = postgres::database().await;
     let homes = tempfile::tempdir().expect("temp dir");
-    let (mut nodes, mut ports) = (Vec::new(), Vec::new());
-    for id in ["node-a", "node-b"] {
-        let home = homes.path().join(id);
-        let port = free_port();
-        ports.push(port);
-        let addr = format!("127.0.0.1:{port}");
-        let config = advertised_node_config(&home, &db, id, &format!("http://{addr}"));
-        let args = ["--config", config.to_str().unwrap(), "--http", &addr];
-        nodes.push(Daemon::start_in(&home, &args, &[]).await);
-    }
+    let (nodes, ports) = http_nodes(&db, homes.path(), &["node-a", "node-b"]).await;
     let (node_a, node_b) = (&nodes[0], &nodes[1]);
     let mut conn = node_a.connect().await;
     let created = conn.call("session.create", json!({"owner": "alice"})).await;

@@ -203,8 +203,12 @@ impl Dispatcher {
             return None;
         };
         match target.forward(&url, method, params, out).await {
+            // Refused: the call takes the long way and is counted there, once.
             Some(Err(err)) if NOT_THE_HOLDER.contains(&err.code) => {}
-            Some(answer) => return Some(answer),
+            Some(answer) => {
+                crate::cluster::metrics::forwarded();
+                return Some(answer);
+            }
             None => {}
         }
         holders.forget(&target.key);
@@ -233,6 +237,7 @@ impl Dispatcher {
         };
         match target.forward(url, method, &params, out).await {
             Some(answer) => {
+                crate::cluster::metrics::forwarded();
                 target
                     .node
                     .forwarder()
@@ -346,7 +351,7 @@ impl Target {
     }
 
     /// The answer of the node at `url` to `method` with `params`; `None` when that node
-    /// cannot be reached.
+    /// cannot be reached. Its caller counts it as forwarded when it is the call's answer.
     async fn forward(
         &self,
         url: &str,
@@ -362,7 +367,6 @@ impl Target {
             Ok(answer) => answer,
             Err(Unanswered::NotForwarded | Unanswered::Unreachable) => return None,
         };
-        crate::cluster::metrics::forwarded();
         if answer.is_ok() && method == crate::rpc::wire::method::CLOSE {
             forwarder.holders().forget(&self.key);
         }
