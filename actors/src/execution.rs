@@ -210,6 +210,11 @@ pub struct Recovered {
     /// The session's names are all gone: it starts again from an empty namespace.
     #[serde(default)]
     pub fresh_namespace: bool,
+    /// `lost_executions` is a lower bound: more may be lost than it counts. True only for a
+    /// session taken over from a dead node in the default durability mode, whose executions
+    /// acknowledged after its last heartbeat nobody else knows of (docs/cluster.md).
+    #[serde(default)]
+    pub lost_may_be_more: bool,
     /// The node that held the session before this one took it over from the cluster's
     /// store (docs/cluster.md); `None` on a single node.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -112,6 +112,7 @@ impl Ledger {
                 checkpoint_id: Some(last.id.to_string()),
                 lost_executions: started.saturating_sub(last.execution_count),
                 fresh_namespace: false,
+                lost_may_be_more: false,
                 from_node: None,
             },
             None => self.fresh(started),
@@ -131,6 +132,7 @@ impl Ledger {
             checkpoint_id: None,
             lost_executions,
             fresh_namespace: true,
+            lost_may_be_more: false,
             from_node: None,
         }
     }

@@ -356,11 +356,15 @@ impl Node {
             });
         }
         let reported = u64::try_from(claim.execution_count).unwrap_or(0);
+        let from_node = claim.from_node.clone().or(entry.holder.clone());
         let recovered = Recovered {
             checkpoint_id: downloaded.as_ref().map(|d| d.checkpoint_id.clone()),
             lost_executions: reported.saturating_sub(base),
             fresh_namespace: downloaded.is_none(),
-            from_node: claim.from_node.clone().or(entry.holder.clone()),
+            // What the dead holder acknowledged after its last heartbeat is not counted; with
+            // replies sent after their checkpoint is in the store, nothing acknowledged is lost.
+            lost_may_be_more: from_node.is_some() && !self.engine.replies_after_checkpoint(),
+            from_node,
         };
         metrics::leases(LeaseEvent::Claimed, 1);
         if recovered.from_node.is_some() {
