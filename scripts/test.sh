@@ -53,6 +53,12 @@ phase_done "the Python environment"
 bash scripts/cluster-packages.sh
 phase_done "the Debian packages"
 
+# A fresh clone (CI) builds everything once: incremental compilation's caches would cost it
+# time and gigabytes of disk and save nothing. A developer's tree, which has a target dir,
+# keeps them.
+if [ ! -d target ]; then
+    export CARGO_INCREMENTAL=0
+fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 # The embedding API alone: no server, client or CLI (no actix-web, clap, rustyline).
