@@ -76,12 +76,10 @@ impl Sampler {
         }
         let processes = processes();
         let at = self.started.elapsed();
-        for index in 0..self.pids.len() {
-            let pid = self.pids[index];
-            if let Some(sample) = self.sample_of(pid, at, &processes) {
-                self.samples.push(sample);
-            }
-        }
+        let looked: Vec<Sample> = (self.pids.iter())
+            .filter_map(|&pid| self.sample_of(pid, at, &processes))
+            .collect();
+        self.samples.extend(looked);
     }
 
     /// One engine process and its descendants, as `processes` found them.

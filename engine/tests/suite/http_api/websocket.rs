@@ -59,6 +59,17 @@ async fn receive(socket: &mut impl Socket) -> Value {
     }
 }
 
+/// Waits (up to 10 s) for the server's close frame, and checks its code.
+async fn assert_closed_with(socket: &mut impl Socket, code: ws::CloseCode) {
+    let closed = actix_rt::time::timeout(Duration::from_secs(10), socket.next())
+        .await
+        .expect("the socket closes");
+    assert!(
+        matches!(closed, Some(Ok(ws::Frame::Close(Some(ref reason)))) if reason.code == code),
+        "{closed:?}, not a close with {code:?}"
+    );
+}
+
 #[actix_rt::test]
 async fn websocket_streams_output_in_order_before_the_response() {
     let server = start().await;
@@ -171,13 +182,7 @@ async fn websocket_message_over_the_limit_gets_an_error_and_a_close() {
     .await;
     let error = receive(&mut socket).await;
     assert_eq!(error["error"]["code"], -32600, "{error}");
-    let closed = actix_rt::time::timeout(Duration::from_secs(10), socket.next())
-        .await
-        .expect("the socket closes");
-    assert!(
-        matches!(closed, Some(Ok(ws::Frame::Close(Some(ref reason)))) if reason.code == ws::CloseCode::Size),
-        "{closed:?}"
-    );
+    assert_closed_with(&mut socket, ws::CloseCode::Size).await;
     server.stop().await;
 }
 
@@ -190,13 +195,7 @@ async fn stop_closes_websockets_and_releases_the_port() {
     let addr = server.http.local_addr();
     let engine = server.engine.clone();
     server.stop().await;
-    let closed = actix_rt::time::timeout(Duration::from_secs(10), socket.next())
-        .await
-        .expect("the socket closes");
-    assert!(
-        matches!(closed, Some(Ok(ws::Frame::Close(Some(ref reason)))) if reason.code == ws::CloseCode::Away),
-        "{closed:?}"
-    );
+    assert_closed_with(&mut socket, ws::CloseCode::Away).await;
     assert!(
         std::net::TcpStream::connect(addr).is_err(),
         "still listening"
@@ -220,12 +219,6 @@ async fn stop_lets_a_websocket_execution_finish_then_closes_the_socket() {
     let response = receive(&mut socket).await;
     assert_eq!(response["id"], 1, "{response}");
     assert_eq!(response["result"]["result"]["repr"], "'done'", "{response}");
-    let closed = actix_rt::time::timeout(Duration::from_secs(10), socket.next())
-        .await
-        .expect("the socket closes");
-    assert!(
-        matches!(closed, Some(Ok(ws::Frame::Close(Some(ref reason)))) if reason.code == ws::CloseCode::Away),
-        "{closed:?}"
-    );
+    assert_closed_with(&mut socket, ws::CloseCode::Away).await;
     stopping.await.expect("stop completes");
 }
