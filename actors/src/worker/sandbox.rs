@@ -7,7 +7,9 @@
 //! the uids it leases with a lock on a file of its own in [`UID_CLAIMS_DIR`], so two daemons
 //! (or two engines in one process) given the same range never give one uid to two sessions.
 //! The kernel drops a dead engine's claims; the next engine to claim such a uid kills what
-//! still runs under it first. When the worker ends, every process still running under its uid
+//! still runs under it first. A claim given back is unlocked explicitly, not by closing its
+//! file: a child the engine forks holds a copy of every descriptor until its exec, and a lock
+//! left to the last close would outlive its release by that window. When the worker ends, every process still running under its uid
 //! is killed (a short-lived helper becomes that uid and signals -1) before the uid goes back
 //! to the free set, so that no survivor of one session shares a uid with the next.
 //!
@@ -283,8 +285,8 @@ struct UidPool {
 struct UidLeases {
     /// Not leased by this engine (another may hold some: its claim says so).
     free: BTreeSet<u32>,
-    /// The claim file of each uid leased, locked while it is held.
-    held: HashMap<u32, File>,
+    /// The claim of each uid leased.
+    held: HashMap<u32, UidClaim>,
 }
 
 impl UidPool {
@@ -330,12 +332,12 @@ impl UidPool {
     /// Locks `uid`'s claim file; `None` when another engine holds it. The file holds the
     /// holder's pid while it is held, and is emptied when the uid is given back, so a file
     /// found not empty is a dead holder's: its survivors are killed first.
-    fn claim(&self, uid: u32) -> Result<Option<File>, SpawnError> {
+    fn claim(&self, uid: u32) -> Result<Option<UidClaim>, SpawnError> {
         let path = self.claims.join(uid.to_string());
         let failed = |err: io::Error| SpawnError::Sandbox {
             reason: format!("claim uid {uid} in {}: {err}", path.display()),
         };
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
@@ -352,26 +354,42 @@ impl UidPool {
                 _ => Err(failed(err)),
             };
         }
+        let mut claim = UidClaim(file);
         let mut previous = String::new();
-        file.read_to_string(&mut previous).map_err(failed)?;
+        claim.0.read_to_string(&mut previous).map_err(failed)?;
         if !previous.is_empty() {
             kill_every_process_of(uid).map_err(failed)?;
         }
-        file.set_len(0).map_err(failed)?;
-        file.write_all(std::process::id().to_string().as_bytes())
+        claim.0.set_len(0).map_err(failed)?;
+        claim
+            .0
+            .write_all(std::process::id().to_string().as_bytes())
             .map_err(failed)?;
-        Ok(Some(file))
+        Ok(Some(claim))
     }
 
     /// Gives `uid` back, its processes swept: its claim is emptied and unlocked.
     fn release(&self, uid: u32) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(claim) = state.held.remove(&uid) {
-            if let Err(err) = claim.set_len(0) {
+            if let Err(err) = claim.0.set_len(0) {
                 tracing::warn!(uid, error = %err, "cannot empty a uid claim; its next holder sweeps it");
             }
         }
         state.free.insert(uid);
+    }
+}
+
+/// A locked claim file. Dropping it unlocks the lock itself (`LOCK_UN` acts on the open file
+/// description, whoever else holds a copy of the descriptor), so the uid is free to every
+/// engine the moment it is given back or its pool is dropped.
+#[derive(Debug)]
+struct UidClaim(File);
+
+impl Drop for UidClaim {
+    fn drop(&mut self) {
+        // SAFETY: flock on the descriptor this claim owns.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
     }
 }
 
@@ -454,25 +472,36 @@ mod tests {
             second.lease(),
             Err(SpawnError::UidsExhausted { .. })
         ));
-        // A uid given back is free for the other engine; a dead engine's claims go with it.
-        // A child that another test of this process forks holds a copy of every claim until
-        // its exec, so a claim may outlive its release by a moment: wait for it, bounded.
-        let lease_within = |pool: &UidPool| {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            loop {
-                match pool.lease() {
-                    Err(SpawnError::UidsExhausted { .. })
-                        if std::time::Instant::now() < deadline =>
-                    {
-                        std::thread::sleep(std::time::Duration::from_millis(10))
-                    }
-                    leased => return leased.unwrap(),
-                }
-            }
-        };
+        // A uid given back is free for the other engine at once, even while a child that
+        // another test of this process forks holds a copy of the claim's descriptor; a
+        // dropped engine's claims go with it.
         first.release(a);
-        assert_eq!(lease_within(&second), a);
+        assert_eq!(second.lease().unwrap(), a);
         drop(first);
-        assert_eq!(lease_within(&second), 61_982);
+        assert_eq!(second.lease().unwrap(), 61_982);
+    }
+
+    #[test]
+    fn a_uid_given_back_is_free_while_a_forked_child_holds_its_claims_descriptor() {
+        let claims = tempfile::tempdir().unwrap();
+        let pool = UidPool::new(61_970..=61_970, claims.path().into()).unwrap();
+        let uid = pool.lease().unwrap();
+        // SAFETY: the child only sleeps and leaves through _exit.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            unsafe {
+                libc::sleep(30);
+                libc::_exit(0);
+            }
+        }
+        assert!(child > 0, "fork: {}", io::Error::last_os_error());
+        pool.release(uid);
+        let again = pool.lease();
+        // SAFETY: the child forked above, killed and reaped.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(again.unwrap(), uid);
     }
 }
