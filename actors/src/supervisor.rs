@@ -27,8 +27,8 @@ use crate::proactive::cache::CacheActor;
 use crate::proactive::predict::Table;
 use crate::proactive::predictor::PredictorActor;
 use crate::session::{
-    Close, CloseState, Drain, LlmLink, MemoryLink, ProactiveSetup, SessionActor, SessionEvent,
-    SessionSetup, StateSetup, Subscribers,
+    events, Close, CloseState, Drain, LlmLink, MemoryLink, ProactiveSetup, SessionActor,
+    SessionEvent, SessionSetup, StateSetup, Subscribers, Subscription,
 };
 use crate::worker::WorkerSpec;
 
@@ -234,12 +234,21 @@ impl RegistryActor {
                     .proactive
                     .unwrap_or(self.config.proactive.by_default)
         });
-        let mut subscribers = vec![ctx.address().recipient()];
+        let mut subscribers = vec![Subscription::new(
+            ctx.address().recipient(),
+            events::closing_only,
+        )];
         if let Some((predictor, _)) = &proactive {
-            subscribers.push(predictor.clone().recipient());
+            subscribers.push(Subscription::new(
+                predictor.clone().recipient(),
+                events::every_event,
+            ));
         }
         if let Some(actor) = &self.memory {
-            subscribers.push(actor.clone().recipient());
+            subscribers.push(Subscription::new(
+                actor.clone().recipient(),
+                MemoryActor::interest,
+            ));
         }
         let memory = self
             .config

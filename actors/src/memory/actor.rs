@@ -25,6 +25,18 @@ impl Actor for MemoryActor {
     type Context = Context<Self>;
 }
 
+impl MemoryActor {
+    /// The events the memory follows: executions whose facts came (their names read), and
+    /// closings.
+    pub fn interest(event: &SessionEvent) -> bool {
+        match event {
+            SessionEvent::Executed(executed) => executed.facts.is_some(),
+            SessionEvent::Closed { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 impl Handler<SessionEvent> for MemoryActor {
     type Result = ();
 

@@ -1,9 +1,9 @@
 //! The events a session publishes: what its executions did, when it is idle, what its
 //! speculations cost, and when its state was replaced or it closed.
 //!
-//! Any actor may subscribe (the supervisor for `Closed`, the predictor for all of them, the
-//! memory feature later); a session tells every subscriber every event, in order, and never
-//! waits for them. No subscriber reaches into a session's state: what it needs is in the
+//! Any actor may subscribe, saying which events it takes (the registry only `Closed`, the
+//! memory the executions that carry facts and `Closed`, the predictor all of them); a session
+//! tells every subscriber the events it takes, in order, and never waits for them. No subscriber reaches into a session's state: what it needs is in the
 //! event, and what it asks of the session it asks by message ([`super::Speculate`]).
 
 use std::sync::Arc;
@@ -62,20 +62,53 @@ pub struct Speculated {
     pub cpu_ms: f64,
 }
 
+/// Which events of a session a subscriber takes.
+pub type Interest = fn(&SessionEvent) -> bool;
+
+/// Every event.
+pub fn every_event(_: &SessionEvent) -> bool {
+    true
+}
+
+/// Only the closing of a session (the registry's interest).
+pub fn closing_only(event: &SessionEvent) -> bool {
+    matches!(event, SessionEvent::Closed { .. })
+}
+
+/// One subscriber, and the events it takes.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    recipient: Recipient<SessionEvent>,
+    interest: Interest,
+}
+
+impl Subscription {
+    /// `recipient` gets the events `interest` takes, and no other: a subscriber that wants a
+    /// few kinds is not woken for every execution.
+    pub fn new(recipient: Recipient<SessionEvent>, interest: Interest) -> Self {
+        Self {
+            recipient,
+            interest,
+        }
+    }
+}
+
 /// The subscribers of one session.
 #[derive(Debug, Clone, Default)]
-pub struct Subscribers(Vec<Recipient<SessionEvent>>);
+pub struct Subscribers(Vec<Subscription>);
 
 impl Subscribers {
-    /// Subscribers that get every event of the session.
-    pub fn new(recipients: Vec<Recipient<SessionEvent>>) -> Self {
-        Self(recipients)
+    /// Subscribers that each get the events of the session they take.
+    pub fn new(subscriptions: Vec<Subscription>) -> Self {
+        Self(subscriptions)
     }
 
-    /// Tells every subscriber `event`.
+    /// Tells `event` to every subscriber that takes it.
     pub fn publish(&self, event: SessionEvent) {
-        for recipient in &self.0 {
-            recipient.do_send(event.clone());
+        for subscription in &self.0 {
+            if (subscription.interest)(&event) {
+                subscription.recipient.do_send(event.clone());
+            }
         }
     }
 
