@@ -185,18 +185,30 @@ pub(super) fn ingest(
     Ok((blob, true))
 }
 
-/// The blob `blob` of `blobs_dir` as a file the worker can read: the blob itself, checked
-/// against its length and hash, or, when it is stored compressed, a file in the directory
-/// `restore_dir` (created here; the caller removes it) holding it decompressed and checked.
+/// The blob `blob` of `blobs_dir` as a file the worker can read, in the directory
+/// `restore_dir` (created here; the caller removes it): a hard link to the blob, checked
+/// against its length and hash, or, when it is stored compressed, a file holding it
+/// decompressed and checked. The link, not the blob's own name, is what the worker opens:
+/// compression may replace the raw blob by its compressed form at any time, and the link
+/// keeps the raw file for the restore that was told its path.
 pub(super) fn materialize(
     blobs_dir: &Path,
     blob: &BlobRef,
     restore_dir: &Path,
 ) -> Result<PathBuf, CorruptionError> {
     let raw = blobs_dir.join(blob.file_name());
-    match verify(&raw, blob) {
-        Err(CorruptionError::BlobMissing { .. }) => {}
-        done => return done.map(|()| raw),
+    create_private_dir(restore_dir).map_err(CorruptionError::Read)?;
+    let linked = restore_dir.join(blob.file_name());
+    match fs::hard_link(&raw, &linked) {
+        Ok(()) => return verify(&linked, blob).map(|()| linked),
+        // Compressed (below), or collected: then the compressed file is missing too.
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+        // No link here (another file system, say): the blob's own name, which compression
+        // may take away before the worker reads it; the restore then reports the name lost.
+        Err(_) => match verify(&raw, blob) {
+            Err(CorruptionError::BlobMissing { .. }) => {}
+            done => return done.map(|()| raw),
+        },
     }
     let compressed = blobs_dir.join(blob.file_name() + COMPRESSED_SUFFIX);
     let source = open_no_follow(&compressed).map_err(|err| match err.kind() {
@@ -205,8 +217,7 @@ pub(super) fn materialize(
         },
         _ => CorruptionError::Read(err),
     })?;
-    create_private_dir(restore_dir).map_err(CorruptionError::Read)?;
-    let target = restore_dir.join(blob.file_name());
+    let target = linked;
     let mut out = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -517,5 +528,20 @@ mod tests {
         let pays = |path: &Path| compression_pays(&File::open(path).unwrap(), 2 << 20).unwrap();
         assert!(!pays(&random));
         assert!(pays(&table));
+    }
+
+    #[test]
+    fn a_blob_handed_to_a_restore_stays_readable_when_compression_replaces_it() {
+        let (root, blobs) = blobs_dir();
+        let source = root.path().join("table");
+        let rows: Vec<u8> = (0..2 << 20).map(|i| b"label-7,42,7.5\n"[i % 15]).collect();
+        fs::write(&source, &rows).unwrap();
+        let (blob, _) = ingest(&blobs, &source, 4 << 20).unwrap();
+        let restore_dir = root.path().join("restore-1");
+        let handed = materialize(&blobs, &blob, &restore_dir).unwrap();
+        // Compression swaps the raw blob for its compressed form before the worker reads it.
+        let saved = compress_if_it_pays(&blobs, &blob, |swap| swap()).unwrap();
+        assert!(saved > 0 && !blobs.join(blob.file_name()).exists());
+        assert_eq!(fs::read(&handed).unwrap(), rows);
     }
 }

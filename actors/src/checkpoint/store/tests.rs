@@ -698,7 +698,13 @@ fn a_corrupt_blob_falls_back_to_the_checkpoint_before() {
     let first = save_groups(&store, &[blob_file(&scratch, "a", b"first value")]).unwrap();
     let second = save_groups(&store, &[blob_file(&scratch, "b", b"second value")]).unwrap();
     let loaded = store.load(SESSION, None).unwrap();
-    let path = loaded.groups[0].path.clone();
+    // The load hands out a link to the blob; the blob itself is in the blobs directory.
+    let restore_dir = loaded
+        .restore_dir
+        .clone()
+        .expect("the load links its blobs");
+    let name = loaded.groups[0].path.file_name().unwrap().to_owned();
+    let path = restore_dir.with_file_name(BLOBS_DIR).join(name);
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
     fs::write(&path, b"second valuE").unwrap();
     let fallback = store.load(SESSION, None).unwrap();
