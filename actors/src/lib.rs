@@ -20,8 +20,9 @@
 //!   arbiter; the zygote and the memory writer have threads of their own.
 //!
 //! One execute: the caller's `Execute` reaches the session's mailbox; the actor writes the
-//! frame to fd 3; the worker's reader thread queues it for its main thread, which runs the
-//! code and writes the result to fd 4; the pump reads it and hands it to the actor, which
+//! frame to fd 3, which the worker's main thread reads itself when it is free; it runs the
+//! code and writes the result to fd 4 (interrupts and `input()` answers go on fd 5, which a
+//! control thread of the worker serves while code runs); the pump reads it and hands it to the actor, which
 //! sends the result on the caller's channel. The `pyvisor` crate's lib.rs draws this map.
 
 pub mod bridge;

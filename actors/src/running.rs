@@ -11,7 +11,7 @@ use crate::execution::{
 };
 use crate::memory::Insight;
 use crate::session::{EventSender, ExecutionTicket, Progress, Queued, ServePath};
-use crate::worker::{CappedOutput, Utf8Chunker};
+use crate::worker::{CappedOutput, Sent, Utf8Chunker};
 
 /// Why the host interrupted an execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,9 +57,10 @@ pub(crate) struct Running {
     pub served_by: Option<&'static str>,
     /// What the memory found in the code before it ran.
     pub insights: Vec<Insight>,
-    /// The worker was found dead before the code was sent to it: the code never ran, and
-    /// goes back to the queue for the next worker when the death is noticed.
-    pub unsent: bool,
+    /// Where the execute frame starts on the worker's request pipe, once sent: if the worker
+    /// dies without having read it, the code never ran and goes back to the queue for the
+    /// next worker.
+    pub sent: Option<Sent>,
     /// The code has ended and its result waits for the checkpoint of what it changed
     /// (`durability = "reply"`): there is nothing left to interrupt or time out.
     pub saving: bool,
@@ -84,7 +85,7 @@ impl Running {
             path: ServePath::Real,
             served_by: None,
             insights: Vec::new(),
-            unsent: false,
+            sent: None,
             saving: false,
         }
     }

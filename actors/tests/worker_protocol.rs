@@ -1,6 +1,7 @@
-//! The worker protocol's room to grow, with a real worker: the capabilities its hello
-//! announces, and a frame of a kind the host does not know, which is dropped while the worker
-//! goes on serving (a known kind the host cannot read still ends the worker).
+//! The worker protocol with a real worker: its two request pipes (the main thread's requests,
+//! the control messages served while code runs), and its room to grow: the capabilities its
+//! hello announces, and a frame of a kind the host does not know, which is dropped while the
+//! worker goes on serving (a known kind the host cannot read still ends the worker).
 
 use pyvisor_actors::worker::{Worker, WorkerEvent};
 use pyvisor_protocol::{HostMessage, WorkerMessage, WorkerStatus};
@@ -108,4 +109,54 @@ async fn a_known_kind_with_unreadable_fields_still_ends_the_worker() {
     .await
     .expect("the bad frame is reported");
     assert!(reason.contains("malformed frame payload"), "{reason}");
+}
+
+#[tokio::test]
+async fn control_messages_are_served_while_the_main_thread_runs_code() {
+    let mut worker = start().await;
+    send(
+        &worker,
+        execute("e-1", "import time\ntime.sleep(0.5)\n'slept'"),
+    );
+    send(&worker, HostMessage::Inspect { id: "i-1".into() });
+    // The inspection is answered while the cell still sleeps: before its result.
+    match next_message(&mut worker).await {
+        WorkerMessage::InspectDone { id, .. } => assert_eq!(id, "i-1"),
+        other => panic!("expected the inspection first, got {other:?}"),
+    }
+    assert_eq!(
+        result_of(&mut worker, "e-1").await,
+        (WorkerStatus::Ok, Some("'slept'".into()))
+    );
+}
+
+#[tokio::test]
+async fn an_interrupt_of_an_execution_not_read_yet_ends_it_without_running_it() {
+    let mut worker = start().await;
+    send(
+        &worker,
+        execute("e-1", "import time\ntime.sleep(0.3)\n'first'"),
+    );
+    // e-2 waits in the request pipe while e-1 runs; its interrupt comes on the control pipe
+    // first, and neither reaches e-1 nor is lost.
+    send(&worker, execute("e-2", "ran = True"));
+    send(&worker, HostMessage::Interrupt { id: "e-2".into() });
+    assert_eq!(
+        result_of(&mut worker, "e-1").await,
+        (WorkerStatus::Ok, Some("'first'".into()))
+    );
+    match next_message(&mut worker).await {
+        WorkerMessage::Result {
+            id, status, error, ..
+        } => {
+            assert_eq!((id.as_str(), status), ("e-2", WorkerStatus::Error));
+            assert_eq!(error.unwrap().type_name, "KeyboardInterrupt");
+        }
+        other => panic!("expected the result of e-2, got {other:?}"),
+    }
+    send(&worker, execute("e-3", "'ran' in globals()"));
+    assert_eq!(
+        result_of(&mut worker, "e-3").await,
+        (WorkerStatus::Ok, Some("False".into()))
+    );
 }

@@ -182,7 +182,7 @@ async fn forked_worker_is_contained_like_a_spawned_one() {
     );
     assert_eq!(
         printed(&mut worker, &code).await,
-        "True True\n[0, 1, 2, 3, 4]\nTrue forked\nTrue"
+        "True True\n[0, 1, 2, 3, 4, 5]\nTrue forked\nTrue"
     );
 }
 

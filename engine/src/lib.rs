@@ -24,11 +24,11 @@
 //! ```text
 //!  caller's runtime              engine process                      worker process
 //!  (any thread)             ┌───────────────────────────┐        ┌─────────────────────┐
-//!  Session::run ──Execute──▶│ arbiter N: SessionActor   │─fd 3──▶│ reader thread       │
-//!   (actix mailbox)         │  writes the frame at once │        │  └─queue─▶ main     │
-//!                           │                           │        │     thread runs the │
-//!  awaits the result ◀──────│ arbiter N: pump task      │◀─fd 4──│     code; prints on │
-//!   (tokio unbounded mpsc)  │  └─mpsc─▶ SessionActor    │◀─fd 1,2│     fds 1 and 2     │
+//!  Session::run ──Execute──▶│ arbiter N: SessionActor   │─fd 3──▶│ main thread reads   │
+//!   (actix mailbox)         │  writes the frame at once │        │  the request, runs  │
+//!                           │  (interrupts, input(): fd 5)─fd 5─▶│  the code; control  │
+//!  awaits the result ◀──────│ arbiter N: pump task      │◀─fd 4──│  thread serves fd 5 │
+//!   (tokio unbounded mpsc)  │  └─mpsc─▶ SessionActor    │◀─fd 1,2│  prints on fds 1, 2 │
 //!                           └───────────────────────────┘        └─────────────────────┘
 //! ```
 //!
@@ -39,9 +39,10 @@
 //!    engine's arbiter threads (`actix-rt|system:0|arbiter:N`, `engine.arbiters` of them). It
 //!    encodes the request and writes it straight into the worker's fd 3; only what the pipe
 //!    cannot take at once goes to a writer task on the same arbiter.
-//! 3. In the worker, a reader thread takes every frame off fd 3 (and serves interrupts and
-//!    `input()` answers at once); requests to run code go by a queue to the main thread, which
-//!    runs them one at a time and writes the result frame to fd 4.
+//! 3. In the worker, the main thread reads the request off fd 3 itself when it has finished
+//!    the one before, runs it and writes the result frame to fd 4: no thread switch inside
+//!    the worker. What must reach the worker while code runs (interrupts, `input()` answers,
+//!    inspections) goes on fd 5, which a control thread of the worker serves at once.
 //! 4. The worker's pump, a tokio task on the **same arbiter** as its session, reads fd 4 and
 //!    the output pipes (fds 1 and 2) and hands the session ordered events on a bounded tokio
 //!    channel, which the actor consumes as a stream: no thread switch between them.
@@ -50,7 +51,7 @@
 //!    its own thread. `Execute` has no reply of its own, so no round trip is spent on it.
 //!
 //! So an execute crosses two threads in the host (the caller's and the session's arbiter) and
-//! two in the worker. A worker and its session always share an arbiter: a new session is
+//! one in the worker. A worker and its session always share an arbiter: a new session is
 //! started on the arbiter its worker was spawned on, and a replacement for a dead worker is
 //! spawned on the session's arbiter.
 //!

@@ -1,7 +1,8 @@
 //! The messages exchanged between the host and a worker, one per frame.
 //!
-//! [`HostMessage`] travels on fd 3 (host → worker), [`WorkerMessage`] on fd 4
-//! (worker → host). [`ZygoteRequest`] and [`ZygoteReply`] travel on the zygote's control
+//! [`HostMessage`] travels host → worker on fd 3, the requests the worker's main thread takes
+//! up in order, or on fd 5, the control messages its control thread serves at once, also
+//! while code runs (see [`HostMessage::lane`]); [`WorkerMessage`] on fd 4 (worker → host). [`ZygoteRequest`] and [`ZygoteReply`] travel on the zygote's control
 //! socket, one per datagram and unframed. All are JSON objects tagged by a `type` field;
 //! pyworker/pyvisor_worker/protocol.py (and zygote.py beside it, for the zygote's) documents
 //! the same shapes from the Python side.
@@ -10,8 +11,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::bridge::{LlmCallKind, LlmFailure};
 
-/// Version announced in the worker's `hello`; the host refuses any other.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version announced in the worker's `hello`; the host refuses any other. Version 2 added
+/// the control pipe (fd 5).
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The pipe a [`HostMessage`] travels on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// fd 3: read by the worker's main thread between executions, in order.
+    Requests,
+    /// fd 5: read by the worker's control thread at once, also while code runs.
+    Control,
+}
 
 /// A message from the host to a worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,6 +132,33 @@ pub enum HostMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<LlmFailure>,
     },
+}
+
+impl HostMessage {
+    /// The pipe this message travels on: what must reach the worker while its main thread
+    /// runs code (an interrupt, an `input()` answer, an LLM answer, an inspection, the kill
+    /// of a speculation, shutdown) goes on the control pipe; everything else waits its turn
+    /// on the request pipe.
+    pub fn lane(&self) -> Lane {
+        match self {
+            HostMessage::Interrupt { .. }
+            | HostMessage::InputReply { .. }
+            | HostMessage::Shutdown
+            | HostMessage::Inspect { .. }
+            | HostMessage::CancelSpeculation { .. }
+            | HostMessage::LlmReply { .. } => Lane::Control,
+            HostMessage::Execute { .. }
+            | HostMessage::Start
+            | HostMessage::Checkpoint { .. }
+            | HostMessage::Restore { .. }
+            | HostMessage::Complete { .. }
+            | HostMessage::Speculate { .. }
+            | HostMessage::Fork { .. }
+            | HostMessage::Counted { .. }
+            | HostMessage::Adopt { .. }
+            | HostMessage::LlmEnable => Lane::Requests,
+        }
+    }
 }
 
 /// A name and the content fingerprint of its value (`None`: the name was not bound).
@@ -324,7 +362,9 @@ pub enum WorkerMessage {
         rolled_back: bool,
     },
     /// What execution `id` did, after its result, when the request asked for facts; `None`
-    /// when the worker did not compute them (another request was already waiting).
+    /// when the worker could not compute them. Not sent at all when an `execute` or a
+    /// `restore` came before the worker got to them: the reply to that request then comes
+    /// first, and tells the host that these facts are unknown.
     Facts {
         id: String,
         facts: Option<Box<CellFacts>>,
@@ -479,8 +519,8 @@ pub struct ErrorInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ZygoteRequest {
-    /// Fork a worker. The datagram carries the child's fds 0-4 (stdin, stdout, stderr,
-    /// request pipe, reply pipe) as `SCM_RIGHTS`, in that order.
+    /// Fork a worker. The datagram carries the child's fds 0-5 (stdin, stdout, stderr,
+    /// request pipe, reply pipe, control pipe) as `SCM_RIGHTS`, in that order.
     Fork {
         id: u64,
         /// Working directory of the child; the zygote's when `None`.
@@ -575,6 +615,7 @@ pub struct ForkedClone {
     pub stderr: i32,
     pub requests: i32,
     pub replies: i32,
+    pub control: i32,
 }
 
 #[cfg(test)]

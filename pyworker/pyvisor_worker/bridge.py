@@ -12,7 +12,7 @@ A call, from any thread, while an execution runs:
     {"type": "llm_call", "id": "e-1", "call": 7, "kind": "llm" | "llm_batched" | "rlm",
      "prompts": ["..."], "model": null | "small", "context": <any JSON, rlm only>}
 
-and the calling thread waits for the reply that the reader thread routes to it:
+and the calling thread waits for the reply that the control thread routes to it:
 
     {"type": "llm_reply", "call": 7, "answers": ["..."],
      "error": null | {"kind": "LlmError" | "BudgetExceeded", "message": "..."}}
@@ -45,7 +45,7 @@ _waiting = {}  # call number -> the queue its thread waits on
 
 
 def install():
-    """Reader thread: give the session's code the bridge, as builtins."""
+    """Main thread: give the session's code the bridge, as builtins."""
     builtins.llm_query = llm_query
     builtins.llm_query_batched = llm_query_batched
     builtins.rlm_query = rlm_query
@@ -54,7 +54,7 @@ def install():
 
 
 def on_reply(message):
-    """Reader thread: hand an llm_reply to the thread that waits for it, if one still does."""
+    """Control thread: hand an llm_reply to the thread that waits for it, if one still does."""
     with _lock:
         slot = _waiting.get(message.get("call"))
     if slot is not None:

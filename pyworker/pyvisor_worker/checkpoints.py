@@ -109,13 +109,12 @@ def _checkpoint_in_child(checkpoint_id, directory, plan, max_bytes):
 def _checkpoint_child(directory, plan, max_bytes, report_fd):
     """In the forked child: write the checkpoint, its report to `report_fd`, exit. Never returns.
 
-    The child never writes a frame (the reader thread, which the child does not have, may have
+    The child never writes a frame (the control thread, which the child does not have, may have
     held the writer's lock at the fork), and nothing the session's code prints reaches the host.
     """
     status = 1
     try:
-        for fd in (protocol.REQUEST_FD, protocol.REPLY_FD):
-            os.close(fd)
+        protocol.close_protocol_fds()
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)
         os.dup2(null, 2)

@@ -2,20 +2,20 @@
 its own.
 
 A fork request ({"type": "fork", "id", "count"}) is taken up by the main thread between
-executions, so a running execution is finished first. For each clone the worker makes four
-pipes (the clone's stdout, stderr, requests and replies) and forks; it puts the child in a
+executions, so a running execution is finished first. For each clone the worker makes five
+pipes (the clone's stdout, stderr, requests, replies and control) and forks; it puts the child in a
 process group of its own and closes its copies of the pipes. It answers
 
-    {"type": "forked", "id", "clones": [{"pid", "stdout", "stderr", "requests", "replies"}],
-     "threads": N, "error": null | "why there are fewer clones than asked for"}
+    {"type": "forked", "id", "clones": [{"pid", "stdout", "stderr", "requests", "replies",
+     "control"}], "threads": N, "error": null | "why there are fewer clones than asked for"}
 
-where the four numbers are the descriptors, in the clone, of the host's ends of its pipes:
+where the five numbers are the descriptors, in the clone, of the host's ends of its pipes:
 the host opens them through /proc/<pid>/fd (the clone's pipes are never the source's), puts
 the clone in a cgroup of its own, then sends {"type": "start"} on its new request pipe. Until
 then the clone runs nothing; end of file instead (the host gave up) makes it exit 0.
 
-The clone moves its ends onto fds 1 to 4, forgets what belonged to the source (the requests
-queued for it, its speculation child, a held write lock), closes the host's ends once started
+The clone moves its ends onto fds 1 to 5, forgets what belonged to the source (an interrupt
+kept for it, its speculation child, a held write lock), closes the host's ends once started
 and says hello as a new worker does; from there on it is a worker like any other. The
 source stays the clone's parent: one thread of the source (the reaper, started at the first
 fork) waits for every clone, so that a clone closed or killed does not stay behind as a
@@ -69,7 +69,8 @@ def fork(request, hello, serve):
 def _fork_one(threads, hello, serve):
     """Fork one clone; what the host needs to know of it, and a pidfd of it (None where the
     kernel has none)."""
-    pipes = [os.pipe() for _ in range(4)]  # stdout, stderr, requests, replies: (read, write)
+    # stdout, stderr, requests, replies, control: (read, write)
+    pipes = [os.pipe() for _ in range(5)]
     try:
         pid = execution.fork()
     except OSError:
@@ -77,11 +78,11 @@ def _fork_one(threads, hello, serve):
             os.close(read)
             os.close(write)
         raise
-    (out_r, out_w), (err_r, err_w), (req_r, req_w), (rep_r, rep_w) = pipes
+    (out_r, out_w), (err_r, err_w), (req_r, req_w), (rep_r, rep_w), (ctl_r, ctl_w) = pipes
     if pid == 0:
         try:
-            _become_clone((out_w, err_w, req_r, rep_w), (out_r, err_r, req_w, rep_r), threads,
-                          hello, serve)
+            _become_clone((out_w, err_w, req_r, rep_w, ctl_r), (out_r, err_r, req_w, rep_r, ctl_w),
+                          threads, hello, serve)
         finally:
             os._exit(1)
     pidfd = _reaper.open(pid)  # at once: nothing can have waited for the clone yet
@@ -92,7 +93,8 @@ def _fork_one(threads, hello, serve):
     for read, write in pipes:
         os.close(read)
         os.close(write)
-    clone = {"pid": pid, "stdout": out_r, "stderr": err_r, "requests": req_w, "replies": rep_r}
+    clone = {"pid": pid, "stdout": out_r, "stderr": err_r, "requests": req_w, "replies": rep_r,
+             "control": ctl_w}
     return clone, pidfd
 
 
@@ -185,7 +187,8 @@ def _become_clone(ours, hosts, threads, hello, serve):
     """In the child: take the new pipes, wait for the start frame, and serve as a worker."""
     os.setpgid(0, 0)
     _reaper.forget_in_clone()
-    for fd, target in zip(ours, (1, 2, protocol.REQUEST_FD, protocol.REPLY_FD)):
+    for fd, target in zip(ours, (1, 2, protocol.REQUEST_FD, protocol.REPLY_FD,
+                                 protocol.CONTROL_FD)):
         os.dup2(fd, target, inheritable=target < protocol.REQUEST_FD)
         os.close(fd)
     # What the source had in flight is not the clone's.

@@ -21,20 +21,19 @@ for a speculative run in a forked child, so its answer is the one a real run wou
 Interrupts: the host sends an interrupt naming the execution, not a signal, so that an
 interrupt sent as soon as the execute request is written is not lost while the execution waits
 for the main thread, and a late one never reaches the next execution. When that execution runs
-and has not been interrupted yet, the reader thread sends SIGINT to the main thread: it raises
+and has not been interrupted yet, the control thread sends SIGINT to the main thread: it raises
 KeyboardInterrupt in the session's code, also inside blocking calls such as time.sleep() and
 input(), and in the repr() of the result; while the code has a frame written (display(),
-input()) it is held back until the frame is whole. When the worker has the execution but has
-not started it, the execution ends with a KeyboardInterrupt error as soon as the main thread
-takes it up, without running any code. An interrupt of an execution that has finished, or that
-the worker never received, is ignored. A SIGINT from elsewhere (the code's own os.kill()) raises
+input()) it is held back until the frame is whole. An interrupt that names no running execution
+is kept (the last one only): when the main thread then takes up that execution, it ends with a
+KeyboardInterrupt error without running any code. The host interrupts only the execution it
+sent last, so an interrupt of an execution that has finished never matches a later one. A SIGINT from elsewhere (the code's own os.kill()) raises
 KeyboardInterrupt in the running code too, and is ignored while no code runs.
 """
 
 import ast
 import linecache
 import os
-import queue
 import signal
 import sys
 import threading
@@ -72,7 +71,8 @@ def on_sigint(signum, frame):
 
 
 def interrupt(execution_id):
-    """Reader thread: interrupt the execution `execution_id` if it runs or waits, else nothing."""
+    """Control thread: interrupt the execution `execution_id` if it runs, else keep the
+    interrupt for when the main thread takes it up."""
     global _current_interrupted, _sigint_seen
     if type(execution_id) is not str:
         return
@@ -84,8 +84,8 @@ def interrupt(execution_id):
                 # To the main thread itself, which the code may block in a system call.
                 signal.pthread_kill(state.MAIN_THREAD, signal.SIGINT)
                 protocol.start_thread(_repeat_interrupt, execution_id)
-        elif execution_id in state.waiting:
-            state.waiting[execution_id] = True
+        else:
+            state.interrupted_early = execution_id
 
 
 def _repeat_interrupt(execution_id):
@@ -117,9 +117,6 @@ def execute(request):
     if (not isinstance(code, str) or not isinstance(repr_limit, int)
             or transaction not in ("commit_always", "rollback_on_failure")
             or (number is not None and (type(number) is not int or number < 1))):
-        if type(execution_id) is str:
-            with state.execution_lock:
-                state.waiting.pop(execution_id, None)
         problem = ("execute request %r needs a code string, an int repr_limit, a transaction"
                    " and no cell or a positive int one")
         raise TypeError(problem % (execution_id,))
@@ -131,8 +128,10 @@ def execute(request):
     recorder = facts.Recorder(cell) if request.get("facts") is True else None
     try:
         with state.execution_lock:  # taken up: from here on, an interrupt of it is a SIGINT
-            interrupted = type(execution_id) is str and state.waiting.pop(execution_id, False)
-            if not interrupted:
+            interrupted = type(execution_id) is str and state.interrupted_early == execution_id
+            if interrupted:
+                state.interrupted_early = None
+            else:
                 state.current_id = execution_id
                 _current_interrupted = False
                 state.sigint_action = "raise"
@@ -171,27 +170,24 @@ def send_facts():
     The facts are computed after the result is sent, so that the caller never waits for them,
     and only once the session looks idle: the worker first waits up to FACTS_GRACE for the
     next request. When an execute or a restore comes in that time (a caller running cells
-    back to back), they are not computed at all and the message says null: the host then
-    forgets what it knew of the namespace, which costs it nothing it could use in a loop,
-    and the loop does not pay for facts it cannot use. Another request (a checkpoint, say)
-    is served after the facts.
+    back to back), they are neither computed nor sent: the reply to that request tells the
+    host they are unknown, it forgets what it knew of the namespace, which costs it nothing
+    it could use in a loop, and the loop pays neither for facts it cannot use nor for a frame
+    that says so. Another request (a checkpoint, say) is served after the facts.
     """
     global pending_facts
     if pending_facts is None:
         return None
     execution_id, recorder, watch = pending_facts
     pending_facts = None
+    arrived = protocol.next_request(timeout=FACTS_GRACE)
+    if arrived is not None and arrived.get("type") in ("execute", "restore"):
+        return arrived
     try:
-        arrived = protocol.requests.get(timeout=FACTS_GRACE)
-    except queue.Empty:
-        arrived = None
-    cell_facts = None
-    if arrived is None or arrived.get("type") not in ("execute", "restore"):
-        try:
-            with quiet.quiet():
-                cell_facts = recorder.facts(watch)
-        except Exception:  # the host treats unknown facts as "anything may have changed"
-            cell_facts = None
+        with quiet.quiet():
+            cell_facts = recorder.facts(watch)
+    except Exception:  # the host treats unknown facts as "anything may have changed"
+        cell_facts = None
     protocol.send({"type": "facts", "id": execution_id, "facts": cell_facts})
     return arrived
 
@@ -330,7 +326,7 @@ def after_fork_in_child():
     global _forked
     _forked = True
     state.current_id = None
-    state.execution_lock = threading.Lock()  # the reader thread, not forked, may have held it
+    state.execution_lock = threading.Lock()  # the control thread, not forked, may have held it
 
 
 def after_fork_in_clone():
@@ -339,5 +335,5 @@ def after_fork_in_clone():
     global _forked, pending_facts
     _forked = False
     pending_facts = None
-    state.waiting.clear()
+    state.interrupted_early = None
     state.input_waiting_for = None

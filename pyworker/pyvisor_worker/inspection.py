@@ -17,7 +17,7 @@ _SIZE_ITEMS = 100_000  # items of a container sized one by one; beyond, extrapol
 
 
 def inspect(request):
-    """The inspect_done reply; runs on the reader thread, also while code runs, and never fails.
+    """The inspect_done reply; runs on the control thread, also while code runs, and never fails.
 
     It works from copies of the namespace and of the definitions, which the GIL makes whole.
     """

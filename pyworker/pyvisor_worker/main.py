@@ -55,11 +55,11 @@ def run():
 
 def main(preload=()):
     """Set the process up as a session's worker, say hello, and serve until told to stop."""
-    for fd in (protocol.REQUEST_FD, protocol.REPLY_FD):
+    for fd in (protocol.REQUEST_FD, protocol.REPLY_FD, protocol.CONTROL_FD):
         try:
             os.set_inheritable(fd, False)  # keep them from os.system() and subprocesses
         except OSError:
-            sys.exit("pyvisor worker: fd %d is not open (pyvisor passes pipes as fds 3 and 4)" % fd)
+            sys.exit("pyvisor worker: fd %d is not open (pyvisor passes pipes as fds 3 to 5)" % fd)
     os.environ.setdefault("MPLBACKEND", "Agg")
     failure = zygote.preload(preload)
     if failure is not None:
@@ -76,9 +76,9 @@ def main(preload=()):
 
 
 def _start_serving():
-    """Start the thread that reads the requests, and say hello (also in a clone)."""
-    # A frame that comes before the reader thread runs waits in the pipe.
-    protocol.start_thread(protocol.read_requests, execution.interrupt, inspection.inspect,
+    """Start the thread that serves the control messages, and say hello (also in a clone)."""
+    # A frame that comes before the control thread runs waits in the pipe.
+    protocol.start_thread(protocol.read_control, execution.interrupt, inspection.inspect,
                           speculation.cancel, bridge)
     protocol.send({
         "type": "hello",
@@ -92,12 +92,13 @@ def _start_serving():
 
 
 def _serve():
-    """Main loop: serve the execute, checkpoint, restore, speculate, adopt, complete and
-    fork requests in arrival order."""
+    """Main loop: read the requests of fd 3 and serve them in order."""
     arrived = None  # a request that came while the worker waited to compute facts
     while True:
-        request = arrived if arrived is not None else protocol.requests.get()
+        request = arrived if arrived is not None else protocol.next_request()
         kind = request.get("type")
+        if kind in ("execute", "restore"):
+            speculation.cancel(None)  # the CPU is theirs now
         try:
             if kind == "execute":
                 reply = execution.execute(request)
@@ -114,8 +115,13 @@ def _serve():
                 reply = completion.complete(request)
             elif kind == "fork":
                 reply = cloning.fork(request, _start_serving, _serve)  # None: it replied
-            else:
+            elif kind == "restore":
                 reply = restores.restore(request)
+            elif kind == "llm_enable":
+                bridge.install()
+                reply = None
+            else:  # a request of a newer host: ignored, as the protocol says
+                reply = None
         except BaseException as exc:
             reply = _fault_reply(request, exc)
         if reply is not None:

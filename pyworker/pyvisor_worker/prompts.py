@@ -1,7 +1,7 @@
 """input() and getpass.getpass() for the session's code: the client asks its user.
 
 Each call sends an input request for the running execution and waits for the input_reply
-that the reader thread routes to it; a null value, or no running execution, makes it EOFError.
+that the control thread routes to it; a null value, or no running execution, makes it EOFError.
 """
 
 import threading

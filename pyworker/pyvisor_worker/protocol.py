@@ -1,29 +1,31 @@
-"""How the worker and the host talk: frames on fds 3 and 4, and the thread that reads them.
+"""How the worker and the host talk: frames on fds 3, 4 and 5, and the thread that serves fd 5.
 
 The host starts the worker as ``python3 -I -u <worker directory>`` in its own process group,
 with fd 0 reading /dev/null, fds 1 and 2 pipes whose contents the host attributes to the
-running execution, and the protocol on two more pipes: fd 3 (host -> worker) and fd 4
-(worker -> host).
+running execution, and the protocol on three more pipes: fd 3 (host -> worker: the requests),
+fd 4 (worker -> host) and fd 5 (host -> worker: control messages).
+
+The main thread reads the requests from fd 3 itself, one at a time, when it has finished the
+one before: a request to run code costs no thread switch in the worker. A control thread reads
+fd 5 and serves at once, also while code runs, what must reach the worker then: interrupts,
+input() answers, LLM answers, inspections, the kill of a speculation child, shutdown. Which
+message goes on which pipe is fixed by its type (below).
 
 Framing, both ways: a 4-byte big-endian unsigned length, then that many bytes of UTF-8 JSON
 holding one object. No frame is larger than 32 MiB: the worker sends a smaller stand-in for a
 message that would be (see ``_stand_in``), and takes a larger incoming one for a corrupt stream.
 
-Host -> worker:
+Host -> worker, on fd 3 (requests):
 
     {"type": "execute", "id": "e-1", "code": "...", "repr_limit": 65536,
      "transaction": "commit_always" | "rollback_on_failure"}     commit_always when absent
-    {"type": "input_reply", "id": "e-1", "value": "text"}     "value": null makes it EOF
-    {"type": "interrupt", "id": "e-1"}
     {"type": "checkpoint", "id": "c-1", "dir": "/dir", "background": true,
      "incremental": true, "max_bytes": 2147483648}
     {"type": "restore", "id": "r-1", "index": {...},
      "groups": [{"token": "...", "names": ["df"], "path": "/dir/blob"}], "clear": true}
-    {"type": "inspect", "id": "i-1"}
     {"type": "complete", "id": "k-1", "text": "df.gr", "cursor": 5}      cursor in characters
     {"type": "speculate", "id": "s-1", "snippets": ["df.head()"], "repr_limit": 65536,
      "output_limit": 65536, "cpu_ms": 2000}
-    {"type": "cancel_speculation", "id": "s-1"}
     {"type": "fork", "id": "f-1", "count": 2}                 (see cloning)
     {"type": "adopt", "id": "a-1", "code": "df.head()",
      "reads": [{"name": "df", "fingerprint": "1f0c..." | null}],
@@ -31,6 +33,13 @@ Host -> worker:
      "ambient": "883fdfd9"}
     {"type": "counted", "code": "df.head()"}                  no reply
     {"type": "llm_enable"}                                    no reply (see bridge)
+
+Host -> worker, on fd 5 (control):
+
+    {"type": "interrupt", "id": "e-1"}
+    {"type": "input_reply", "id": "e-1", "value": "text"}     "value": null makes it EOF
+    {"type": "inspect", "id": "i-1"}
+    {"type": "cancel_speculation", "id": "s-1"}
     {"type": "llm_reply", "call": 7, "answers": ["..."], "error": null}       (see bridge)
     {"type": "shutdown"}
 
@@ -38,12 +47,12 @@ An execute may also carry "facts": true, for a "facts" message about the cell af
 and "cell": N, the session's execution count, so that its code is compiled as ``<cell-N>``
 even in a worker that replaced a crashed one (else the worker counts its own executions).
 
-Executions, checkpoints, restores, speculates, adopts and completes are taken up one at a time by the
-main thread, in arrival order. An inspect, an interrupt or a cancel_speculation is handled at
-once by the thread that reads the requests, also while code runs; so is the kill of the
-speculation child when an execute or a restore arrives.
+The requests of fd 3 are taken up one at a time by the main thread, in order; taking up an
+execute or a restore kills the speculation child first. The control messages of fd 5 are
+served at once by the control thread, also while code runs. An interrupt may arrive before
+the main thread has read its execute: it is kept and ends that execution when it is taken up.
 An input_reply counts only while an input() of that execution waits for one; other replies,
-and messages of unknown types, are ignored.
+and messages of unknown types (on either pipe), are ignored.
 
 Worker -> host:
 
@@ -88,7 +97,9 @@ message kind comes with a new capability, not a new protocol version.
 After the result of an execute with "facts": true comes
     {"type": "facts", "id": "e-1", "facts": {"reads", "binds", "touched", "files", "ambient",
      "objects", "pure", "cost_ms"} | null}
-computed once the result is sent (null when another request already waited).
+computed once the result is sent (null when they could not be), before any later reply; not
+sent at all when the next execute or a restore came first (the reply to that one then says
+they are unknown).
 
 Every execute request gets exactly one result, after its input requests and displays. The
 modules that make the messages document their fields: execution (results, errors and
@@ -102,7 +113,7 @@ Ordering: before writing any frame, the worker flushes sys.stdout and sys.stderr
 original ones, should the code have replaced them), so all that the code printed before a frame
 is in the fd 1/2 pipes when the frame arrives. The worker itself never writes to fds 1 and 2.
 
-Exit status: 0 after a shutdown request or when the host closes its end of fd 3 or fd 4; 1 when
+Exit status: 0 after a shutdown request or when the host closes its end of fd 3, 4 or 5; 1 when
 the protocol stream is corrupt or its fds are unusable, or a preload module fails to import.
 """
 
@@ -110,6 +121,7 @@ import _thread
 import json
 import os
 import queue
+import select
 import signal
 import struct
 import sys
@@ -117,12 +129,13 @@ import threading
 
 from pyvisor_worker import state
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 # The optional requests served here, announced in the hello (see the module doc).
 CAPABILITIES = ("checkpoint", "restore", "inspect", "complete", "speculate", "adopt", "facts",
                 "fork")
 REQUEST_FD = 3
 REPLY_FD = 4
+CONTROL_FD = 5
 MAX_FRAME = 32 * 1024 * 1024
 
 _HEADER = struct.Struct(">I")
@@ -130,19 +143,24 @@ encode = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(
 decode = json.JSONDecoder().decode
 _write_lock = threading.Lock()
 
-# The reader thread's outputs: execute, checkpoint and restore requests for the main loop, and
-# answers (None meaning end of file) for the input() waiting for one.
-requests = queue.SimpleQueue()
+# The control thread's answers (None meaning end of file) for the input() waiting for one.
 input_replies = queue.SimpleQueue()
+_requests_poll = select.poll()
+_requests_poll.register(REQUEST_FD, select.POLLIN)
 
 
 def reset_in_clone():
-    """In a clone of the session (see cloning): the requests queued for the source, and a
+    """In a clone of the session (see cloning): the answers queued for the source, and a
     write lock a thread of it may have held at the fork, are not the clone's."""
-    global requests, input_replies, _write_lock
-    requests = queue.SimpleQueue()
+    global input_replies, _write_lock
     input_replies = queue.SimpleQueue()
     _write_lock = threading.Lock()
+
+
+def close_protocol_fds():
+    """In a child that must never speak the protocol (a checkpoint or speculation child)."""
+    for fd in (REQUEST_FD, REPLY_FD, CONTROL_FD):
+        os.close(fd)
 
 
 def flush_output():
@@ -223,14 +241,14 @@ def _stand_in(message, size):
     return dict(message, status="error", result=None, error=error)
 
 
-def _read_exact(size):
-    """The next `size` bytes of fd 3; exits the worker when the host has closed it."""
+def _read_exact(fd, size):
+    """The next `size` bytes of `fd`; exits the worker when the host has closed it."""
     try:
-        data = os.read(REQUEST_FD, size)
+        data = os.read(fd, size)
         if len(data) < size:  # a large frame comes through the pipe in pieces
             buffer = bytearray(data)
             while data and len(buffer) < size:
-                data = os.read(REQUEST_FD, size - len(buffer))
+                data = os.read(fd, size - len(buffer))
                 buffer += data
             data = buffer
     except OSError:
@@ -240,16 +258,32 @@ def _read_exact(size):
     return data
 
 
-def read_message():
-    """The next message from the host; None for a frame that holds no JSON object."""
-    (size,) = _HEADER.unpack(_read_exact(_HEADER.size))
+def read_message(fd=REQUEST_FD):
+    """The next message from the host on `fd`; None for a frame that holds no JSON object."""
+    (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size))
     if size > MAX_FRAME:
         exit_worker(1)
     try:
-        message = decode(_read_exact(size).decode("utf-8"))
+        message = decode(_read_exact(fd, size).decode("utf-8"))
     except (ValueError, RecursionError):
         return None
     return message if isinstance(message, dict) else None
+
+
+def next_request(timeout=None):
+    """Main thread: the next request from fd 3, waiting for it at most `timeout` seconds
+    (for ever when None); None when none came in time."""
+    while True:
+        if timeout is not None and not request_waiting(timeout):
+            return None
+        message = read_message(REQUEST_FD)
+        if message is not None:
+            return message
+
+
+def request_waiting(timeout=0.0):
+    """Whether a request waits on fd 3, or arrives within `timeout` seconds."""
+    return bool(_requests_poll.poll(timeout * 1000))
 
 
 def start_thread(function, *args):
@@ -266,49 +300,30 @@ def start_thread(function, *args):
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def read_requests(interrupt, inspect, cancel_speculation, bridge):
-    """Reader thread: route every message from the host, also while the code runs.
+def read_control(interrupt, inspect, cancel_speculation, bridge):
+    """Control thread: serve every message of fd 5 at once, also while the code runs.
 
     `interrupt(execution_id)` serves an interrupt, `inspect(request)` makes the reply to an
-    inspect request, and `cancel_speculation(speculation_id)` kills the speculation child
-    (any, for None); `bridge` is the bridge module, for llm_enable and llm_reply. All at
-    once, on this thread.
+    inspect request, and `cancel_speculation(speculation_id)` kills the speculation child;
+    `bridge` is the bridge module, for llm_reply.
     """
     while True:
-        message = read_message()
+        message = read_message(CONTROL_FD)
         if message is None:
             continue
         kind = message.get("type")
-        if kind == "execute":
-            cancel_speculation(None)  # the CPU is the execution's now
-            execution_id = message.get("id")
-            if type(execution_id) is str:
-                with state.execution_lock:
-                    state.waiting[execution_id] = False
-            requests.put(message)
-        elif kind == "restore":
-            cancel_speculation(None)
-            requests.put(message)
-        elif kind == "speculate":
-            # With the count of cancels so far: an execute that comes after it cancels it
-            # even before it starts.
-            requests.put(dict(message, cancels=state.speculation_cancels))
-        elif kind in ("checkpoint", "adopt", "counted", "complete", "fork"):
-            requests.put(message)
-        elif kind == "cancel_speculation":
-            cancel_speculation(message.get("id"))
-        elif kind == "interrupt":
+        if kind == "interrupt":
             interrupt(message.get("id"))
-        elif kind == "inspect":
-            send(inspect(message))
         elif kind == "input_reply":
             waiting_for = state.input_waiting_for
             if waiting_for is not None and message.get("id") == waiting_for:
                 value = message.get("value")
                 input_replies.put(value if isinstance(value, str) else None)
+        elif kind == "inspect":
+            send(inspect(message))
+        elif kind == "cancel_speculation":
+            cancel_speculation(message.get("id"))
         elif kind == "llm_reply":
             bridge.on_reply(message)
-        elif kind == "llm_enable":
-            bridge.install()
         elif kind == "shutdown":
             exit_worker(0)

@@ -11,11 +11,13 @@ timer, or SIGXCPU from RLIMIT_CPU, rounded up to whole seconds, as a backstop),
 "crashed: killed by SIGSEGV" (any other signal, the OOM killer's SIGKILL among them) or
 "crashed: exit status N"; "cpu_ms" is the child's user plus system CPU time, and the
 worker's in taking back its pages from the fork (see pages), done once the child is gone and
-before this message is sent. One child at a time. The reader thread kills it (SIGKILL) the
-moment an execute or a restore arrives, and on a cancel_speculation naming it, or naming a
+before this message is sent. One child at a time. It does not start when a request already
+waits on fd 3 (the session is not idle). The main thread kills it (SIGKILL) when it takes up
+an execute or a restore, which is the moment they arrive (it has nothing else to do while the
+child runs), and the control thread on a cancel_speculation naming it, or naming a
 speculation still waiting for the main thread.
 
-The child never writes to fds 3 and 4 (it closes them) nor to the host's output pipes: fds 1
+The child never writes to fds 3 to 5 (it closes them) nor to the host's output pipes: fds 1
 and 2 are memfds, emptied before each snippet. It offers itself to the OOM killer first
 (oom_score_adj 1000), leaves SIGINT to its default, makes display() collect and input() and
 getpass() refuse. Each snippet, in order (see snippets for what is checked), is run as
@@ -32,7 +34,7 @@ import signal
 import threading
 import time
 
-from pyvisor_worker import display, execution, pages, protocol, snippets, state
+from pyvisor_worker import display, execution, pages, protocol, snippets
 
 _lock = threading.Lock()  # guards _live, _waiting_cancels and each child's flags
 _live = None  # the running child
@@ -59,10 +61,9 @@ def speculation_done(speculation_id, ending, cpu_ms):
 
 
 def cancel(speculation_id):
-    """Reader thread: kill the child of `speculation_id` (of any speculation, for None)."""
+    """Kill the child of `speculation_id` (of any speculation, for None): the control thread's
+    cancel_speculation, and the main thread's when it takes up an execute or a restore."""
     with _lock:
-        if speculation_id is None:
-            state.speculation_cancels += 1
         child = _live
         if child is not None and speculation_id in (None, child.id):
             _kill(child)
@@ -102,9 +103,8 @@ def speculate(request):
         if _live is not None:
             _kill(_live)
         cancelled = _waiting_cancels.pop(speculation_id, False) is None
-        if cancelled or request.get("cancels") != state.speculation_cancels:
+        if cancelled or protocol.request_waiting():
             return speculation_done(speculation_id, "cancelled", 0.0)
-        cancels = state.speculation_cancels
     read_fd, write_fd = os.pipe()
     try:
         pid = execution.fork()
@@ -119,9 +119,9 @@ def speculate(request):
     child = _Child(speculation_id, pid)
     with _lock:
         _live = child
-        # A cancel of this speculation, or an execute, that came during the fork.
-        cancelled = _waiting_cancels.pop(speculation_id, False) is None
-        if cancelled or state.speculation_cancels != cancels:
+        # A cancel of this speculation that came during the fork (an execute that came then
+        # kills the child when the main thread takes it up).
+        if _waiting_cancels.pop(speculation_id, False) is None:
             _kill(child)
     protocol.start_thread(_collect, child, read_fd)
     return None
@@ -180,8 +180,7 @@ def _child_main(codes, limits, write_fd):
     status = 1
     try:
         repr_limit, output_limit, cpu_ms = limits
-        for fd in (protocol.REQUEST_FD, protocol.REPLY_FD):
-            os.close(fd)
+        protocol.close_protocol_fds()
         outputs = []
         for fd in (1, 2):
             memfd = os.memfd_create("speculation-%d" % fd)

@@ -15,7 +15,7 @@ namespace = session.__dict__
 
 # The functions, classes and lambdas that the session's cells (or a restore) defined, by name,
 # in the order they were last defined: name -> (kind, source, value). A record counts only while
-# its name is still bound to its value; the reader thread reads it for inspect.
+# its name is still bound to its value; the control thread reads it for inspect.
 definitions = {}
 
 MISSING = object()  # the value of a name that is not bound
@@ -30,12 +30,14 @@ checkpoint_records = []
 identity_cache = {}
 MAIN_THREAD = threading.get_ident()
 
-# Which execution runs and which wait for the main thread, for the reader thread to route an
-# interrupt (see Interrupts in execution); the main thread changes current_id under the lock,
-# which the reader thread holds from its check to its SIGINT.
+# Which execution runs, for the control thread to route an interrupt (see Interrupts in
+# execution); the main thread changes current_id under the lock, which the control thread holds
+# from its check to its SIGINT.
 execution_lock = threading.Lock()
 current_id = None  # id of the running execution; other threads read it
-waiting = {}  # id of each execution received and not yet taken up -> whether it is interrupted
+# The id of the last interrupt that named no running execution: one the main thread has not
+# read yet ends as soon as it is taken up.
+interrupted_early = None
 input_waiting_for = None  # id of the execution whose input() waits for an answer
 
 # What the SIGINT handler does: "raise" while the session's code runs on the main thread,
@@ -50,7 +52,3 @@ def is_user_name(name):
 
 # In a clone (see cloning): what its first execution tells the code's stderr, once.
 fork_note = None
-
-# How many times an execute or a restore has cancelled speculation: a speculate request carries
-# the count of when it arrived, and does not start if it has changed since (see speculation).
-speculation_cancels = 0

@@ -16,8 +16,8 @@ unsafe. Host -> zygote:
     {"type": "fork", "id": 1, "cwd": "/dir" | null, "env": [["NAME", "value"]],
      "rlimits": [{"resource": "nofile", "soft": 256, "hard": 256}], "sandbox": {...}}
 
-with the child's fds 0-4 (stdin, stdout, stderr, request pipe, reply pipe) attached as
-SCM_RIGHTS. A "resource" is the lowercase name of an RLIMIT_* constant. Zygote -> host:
+with the child's fds 0-5 (stdin, stdout, stderr, request pipe, reply pipe, control pipe)
+attached as SCM_RIGHTS. A "resource" is the lowercase name of an RLIMIT_* constant. Zygote -> host:
 
     {"type": "ready", "pid": 1200}                       once, when forks can be served
     {"type": "failed", "reason": "..."}                  the zygote cannot go on; it exits 1
@@ -34,7 +34,7 @@ a request, the zygote replies "forked" with the spare's pid, passes the request 
 forks the next spare. A request that finds no spare forks its child itself.
 
 A forked child puts itself in its own process group (the zygote does too, for the child, so
-that the group exists when "forked" is sent), moves the five fds onto 0-4, closes every other
+that the group exists when "forked" is sent), moves the six fds onto 0-5, closes every other
 fd, sets the rlimits, working directory and environment, restores the signal handling of a
 fresh worker, confines itself as the request's "sandbox" plan says (see sandbox; the zygote
 stays root, each child takes its own uid) and turns the garbage collector back on. Then it
@@ -54,7 +54,7 @@ import traceback
 from pyvisor_worker import pickling, protocol, sandbox
 
 ZYGOTE_FD = 3  # the zygote's control socket
-CHILD_FDS = 5  # a forked child's stdin, stdout, stderr, request pipe and reply pipe
+CHILD_FDS = 6  # a forked child's stdin, stdout, stderr, request, reply and control pipes
 
 
 def preload(modules):
@@ -276,7 +276,7 @@ def _become_worker(server, order, spare_socket):
                 os._exit(0)
             order = (protocol.decode(data.decode("utf-8")), fds)
         request, fds = order
-        # Out of the way of 0-4 first, so that no dup2() overwrites a descriptor still needed.
+        # Out of the way of 0-5 first, so that no dup2() overwrites a descriptor still needed.
         moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, CHILD_FDS) for fd in fds]
         for target, fd in enumerate(moved):
             os.dup2(fd, target)

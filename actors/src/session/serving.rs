@@ -20,7 +20,6 @@ use super::{host_error, SessionActor, State};
 use crate::execution::{DisplayData, ExecutionStatus, OutputStream};
 use crate::proactive::cache::{CacheEntry, Take};
 use crate::proactive::predict::normalise;
-use crate::worker::is_running;
 
 /// How the running execution gets its answer.
 #[derive(Debug, Default)]
@@ -104,19 +103,18 @@ impl SessionActor {
                 proactive.share.missed();
             }
         }
+        // A worker killed before the session noticed takes the frame into its pipe all the
+        // same; when its exit comes, the frame is found unread and goes to the next worker.
         let sent = match &self.worker {
-            // Killed before the session noticed: its exit is on the way, and the code goes
-            // to the next worker then instead of dying with this one.
-            Some(worker) if !is_running(worker.pid()) => {
-                running.unsent = true;
-                return;
-            }
             Some(worker) => worker.writer.send(&frame).map_err(|err| err.to_string()),
             None => Err("the session has no worker".to_owned()),
         };
-        if let Err(reason) = sent {
-            let error = host_error("NotExecuted", reason);
-            self.finish(ExecutionStatus::Crashed, None, Some(error), ctx);
+        match sent {
+            Ok(sent) => running.sent = Some(sent),
+            Err(reason) => {
+                let error = host_error("NotExecuted", reason);
+                self.finish(ExecutionStatus::Crashed, None, Some(error), ctx);
+            }
         }
     }
 
@@ -175,7 +173,7 @@ impl SessionActor {
             };
             running.path = ServePath::Adopting { entry, joined };
             let sent = self.worker.as_ref().map(|w| w.writer.send(&counted));
-            if matches!(sent, Some(Ok(()))) {
+            if matches!(sent, Some(Ok(_))) {
                 return self.adopt_done(true, ctx);
             }
             return self.run_for_real(ctx);
@@ -189,7 +187,7 @@ impl SessionActor {
         };
         running.path = ServePath::Adopting { entry, joined };
         let sent = self.worker.as_ref().map(|w| w.writer.send(&frame));
-        if !matches!(sent, Some(Ok(()))) {
+        if !matches!(sent, Some(Ok(_))) {
             self.run_for_real(ctx);
         }
     }

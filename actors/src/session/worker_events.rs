@@ -14,6 +14,14 @@ use crate::worker::{Worker, WorkerEvent};
 
 impl SessionActor {
     fn on_message(&mut self, message: WorkerMessage, ctx: &mut Context<Self>) {
+        if matches!(
+            message,
+            WorkerMessage::Result { .. } | WorkerMessage::RestoreDone { .. }
+        ) {
+            // The worker sends an execution's facts before any later reply, or, when the
+            // next execute or restore came first, never: those it did not send are unknown.
+            self.facts_arrived("", None, ctx);
+        }
         // Answers to state requests may come in any state, also between executions.
         let message = match message {
             WorkerMessage::CheckpointDone {
@@ -185,6 +193,14 @@ impl SessionActor {
     /// The worker is gone: end the running execution, then stop, so that supervision
     /// restarts the actor with a new worker (or finish closing).
     fn on_exit(&mut self, status: Option<ExitStatus>, ctx: &mut Context<Self>) {
+        // Whether the worker died without having read the running execution: then the code
+        // never ran, and goes to the next worker.
+        let unread = match (&self.state, &self.worker) {
+            (State::Busy(running), Some(worker)) => {
+                running.sent.is_some_and(|sent| worker.writer.unread(sent))
+            }
+            _ => false,
+        };
         let memory_limit_kill = self.worker.take().and_then(|w| memory_limit_kill(&w));
         self.cancel_llm_calls("the worker exited", ctx);
         let cause = match (memory_limit_kill, self.kill_reason.take()) {
@@ -208,8 +224,7 @@ impl SessionActor {
         self.events.publish(SessionEvent::Restored {
             session_id: self.session_id.as_str().into(),
         });
-        if matches!(&self.state, State::Busy(running) if running.unsent && running.interrupt.is_none())
-        {
+        if matches!(&self.state, State::Busy(running) if unread && running.interrupt.is_none()) {
             if let State::Busy(running) = std::mem::replace(&mut self.state, State::Restarting) {
                 ctx.cancel_future(running.timer);
                 self.queue.push_front(running.into_queued());

@@ -74,14 +74,16 @@ pub(crate) fn child_command(plan: ChildPlan<'_>) -> std::process::Command {
     if let Some(cwd) = plan.cwd {
         command.current_dir(cwd);
     }
+    // The first fd after the mapped ones (3 and up): it and every fd above it are closed.
+    let first_closed = plan.fds.iter().map(|m| m.child_fd + 1).max().unwrap_or(3) as u32;
     command
         .fd_mappings(plan.fds)
         .expect("the child's fds 3 and up are distinct");
     let rlimits = plan.rlimits;
     // SAFETY: the hook runs between fork and exec and only makes async-signal-safe syscalls;
-    // it is registered after the fd mappings, so fds 3 and 4 are in place when it runs.
+    // it is registered after the fd mappings, so the mapped fds are in place when it runs.
     unsafe {
-        command.pre_exec(move || prepare_child(&rlimits));
+        command.pre_exec(move || prepare_child(&rlimits, first_closed));
     }
     command
 }
@@ -142,8 +144,8 @@ fn libc_resource(resource: RlimitResource) -> libc::__rlimit_resource_t {
 }
 
 /// Runs in the child between fork and exec: death signal, no new privileges, rlimits, then
-/// close every fd above 4.
-fn prepare_child(rlimits: &RlimitPlan) -> io::Result<()> {
+/// close every fd from `first_closed` up.
+fn prepare_child(rlimits: &RlimitPlan, first_closed: u32) -> io::Result<()> {
     // SAFETY: plain syscalls on values already in memory; nothing allocates.
     unsafe {
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
@@ -160,9 +162,9 @@ fn prepare_child(rlimits: &RlimitPlan) -> io::Result<()> {
                 return Err(io::Error::last_os_error());
             }
         }
-        if libc::syscall(libc::SYS_close_range, 5u32, u32::MAX, 0u32) != 0 {
+        if libc::syscall(libc::SYS_close_range, first_closed, u32::MAX, 0u32) != 0 {
             // Kernels before 5.9: close what a sane fd limit allows, one by one.
-            for fd in 5..65_536 {
+            for fd in first_closed as i32..65_536 {
                 libc::close(fd);
             }
         }

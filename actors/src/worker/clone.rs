@@ -127,13 +127,17 @@ fn host_ends(pid: u32, clone: &ForkedClone) -> Result<HostEnds, String> {
     let receiver = |fd| {
         pipe::Receiver::from_owned_fd(open(fd, false)?).map_err(|err| format!("fd {fd}: {err}"))
     };
+    let sender =
+        |fd| pipe::Sender::from_owned_fd(open(fd, true)?).map_err(|err| format!("fd {fd}: {err}"));
     Ok(HostEnds {
         pipes: PumpPipes {
             frames: receiver(clone.replies)?,
             stdout: receiver(clone.stdout)?,
             stderr: receiver(clone.stderr)?,
         },
-        requests: pipe::Sender::from_owned_fd(open(clone.requests, true)?)
-            .map_err(|err| format!("fd {}: {err}", clone.requests))?,
+        requests: sender(clone.requests)?,
+        control: sender(clone.control)?,
+        // Opening the request pipe's end for reading gives the host a read end of its own.
+        requests_read: Some(open(clone.requests, false)?),
     })
 }

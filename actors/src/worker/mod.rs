@@ -28,5 +28,5 @@ pub use script::{
     install_worker_package, resolve_interpreter, verify_worker_package, WORKER_FILES,
 };
 pub use spawn::{Worker, WorkerInfo, WorkerOrigin, WorkerSpec};
-pub use writer::FrameWriter;
+pub use writer::{FrameWriter, Sent};
 pub use zygote::Zygote;

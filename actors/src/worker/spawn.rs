@@ -2,8 +2,8 @@
 //!
 //! [`Worker::start`] gets the process from the spec's zygote when it has one and it is up
 //! (a fork with the preload modules already imported), else spawns a fresh interpreter.
-//! Either way it creates the pipes (fds 1/2 captured, protocol on fds 3/4), the worker ends up
-//! in its own process group with its rlimits, only fds 0-4 open, registered with the janitor
+//! Either way it creates the pipes (fds 1/2 captured, protocol on fds 3/4 and control on
+//! fd 5), the worker ends up in its own process group with its rlimits, only fds 0-5 open, registered with the janitor
 //! and in its cgroup leaf, then the output/frame pump starts and the worker's `hello` is
 //! awaited within a timeout.
 //!
@@ -336,6 +336,10 @@ fn spawn_process(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
                 parent_fd: child.replies,
                 child_fd: 4,
             },
+            FdMapping {
+                parent_fd: child.control,
+                child_fd: 5,
+            },
         ],
         cwd: spec.cwd.as_deref(),
         env: &env,
@@ -392,6 +396,7 @@ async fn fork_process(spec: &WorkerSpec, zygote: &Zygote) -> Result<Spawned, Spa
             child.stderr,
             child.requests,
             child.replies,
+            child.control,
         ],
         cwd,
         env: worker_env(spec, confinement.as_ref()),
@@ -449,6 +454,9 @@ pub(super) fn contain(
 pub(super) struct HostEnds {
     pub(super) pipes: PumpPipes,
     pub(super) requests: pipe::Sender,
+    pub(super) control: pipe::Sender,
+    /// A read end of the request pipe, kept unread (see the writer).
+    pub(super) requests_read: Option<OwnedFd>,
 }
 
 impl HostEnds {
@@ -460,25 +468,29 @@ impl HostEnds {
     ) -> (FrameWriter, mpsc::Receiver<WorkerEvent>) {
         let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
         tokio::spawn(pump(exit, self.pipes, events_tx, max_frame));
-        (FrameWriter::start(self.requests, max_frame), events_rx)
+        let writer = FrameWriter::start(self.requests, self.control, self.requests_read, max_frame);
+        (writer, events_rx)
     }
 }
 
-/// The worker's ends of its pipes: fds 1, 2, 3 and 4 of the worker.
+/// The worker's ends of its pipes: fds 1, 2, 3, 4 and 5 of the worker.
 struct ChildEnds {
     stdout: OwnedFd,
     stderr: OwnedFd,
     requests: OwnedFd,
     replies: OwnedFd,
+    control: OwnedFd,
 }
 
-/// Creates the four pipes of a worker. The host's ends are registered with the runtime
+/// Creates the five pipes of a worker. The host's ends are registered with the runtime
 /// before any process exists, so nothing can fail between starting a process and pumping it.
 fn worker_pipes() -> Result<(HostEnds, ChildEnds), SpawnError> {
     let (stdout_read, stdout) = cloexec_pipe()?;
     let (stderr_read, stderr) = cloexec_pipe()?;
     let (requests, requests_write) = cloexec_pipe()?;
     let (replies_read, replies) = cloexec_pipe()?;
+    let (control, control_write) = cloexec_pipe()?;
+    let requests_read = requests.try_clone().map_err(SpawnError::Pipe)?;
     let host = HostEnds {
         pipes: PumpPipes {
             frames: pipe::Receiver::from_owned_fd(replies_read).map_err(SpawnError::Pipe)?,
@@ -486,12 +498,15 @@ fn worker_pipes() -> Result<(HostEnds, ChildEnds), SpawnError> {
             stderr: pipe::Receiver::from_owned_fd(stderr_read).map_err(SpawnError::Pipe)?,
         },
         requests: pipe::Sender::from_owned_fd(requests_write).map_err(SpawnError::Pipe)?,
+        control: pipe::Sender::from_owned_fd(control_write).map_err(SpawnError::Pipe)?,
+        requests_read: Some(requests_read),
     };
     let child = ChildEnds {
         stdout,
         stderr,
         requests,
         replies,
+        control,
     };
     Ok((host, child))
 }

@@ -12,7 +12,7 @@
 //!
 //! The zygote talks over a `SOCK_SEQPACKET` socketpair (its fd 3): one JSON
 //! [`ZygoteRequest`] or [`ZygoteReply`] per datagram. A fork request carries the child's fds
-//! 0-4 as `SCM_RIGHTS`: the host makes these pipes exactly as for a plain spawn, and closes
+//! 0-5 as `SCM_RIGHTS`: the host makes these pipes exactly as for a plain spawn, and closes
 //! its copies of the child's ends once they are sent. The zygote keeps one child forked ahead
 //! of the next request, so a request costs a message to that child rather than a fork of a
 //! process as big as pandas makes it. The zygote reaps its children and reports each exit;
@@ -89,10 +89,10 @@ pub struct Zygote {
     thread: Option<JoinHandle<()>>,
 }
 
-/// What a fork request needs: the child's fds 0-4 and how it sets itself up.
+/// What a fork request needs: the child's fds 0-5 and how it sets itself up.
 pub(crate) struct ForkOrder {
     /// stdin (/dev/null), stdout, stderr, request pipe (read end), reply pipe (write end).
-    pub fds: [OwnedFd; 5],
+    pub fds: [OwnedFd; 6],
     pub cwd: Option<String>,
     pub env: Vec<(String, String)>,
     pub rlimits: Vec<Rlimit>,
@@ -437,7 +437,7 @@ impl Server {
             Ok(payload) => payload,
             Err(err) => return refuse(reply, format!("encode the fork request: {err}")),
         };
-        let raw: [RawFd; 5] = fds.each_ref().map(|fd| fd.as_raw_fd());
+        let raw: [RawFd; 6] = fds.each_ref().map(|fd| fd.as_raw_fd());
         let sent = sendmsg::<()>(
             control,
             &[IoSlice::new(&payload)],
@@ -626,6 +626,7 @@ mod tests {
         .unwrap();
         let (requests_read, requests_write) = pipe2(OFlag::O_CLOEXEC).unwrap();
         let (replies_read, replies_write) = pipe2(OFlag::O_CLOEXEC).unwrap();
+        let (control_read, _control_write) = pipe2(OFlag::O_CLOEXEC).unwrap();
         let null = || File::options().read(true).write(true).open("/dev/null");
         let order = ForkOrder {
             fds: [
@@ -634,6 +635,7 @@ mod tests {
                 null().unwrap().into(),
                 requests_read,
                 replies_write,
+                control_read,
             ],
             cwd: None,
             env: Vec::new(),

@@ -17,7 +17,7 @@ const MIN_TIMEOUT_S: f64 = 0.001;
 const MIN_MEMORY_MB: u64 = 32;
 /// The fewest descriptors a worker needs: its protocol pipes, output pipes and a few files.
 const MIN_OPEN_FILES: u64 = 16;
-/// The fewest processes and threads a worker needs (its main and reader threads).
+/// The fewest processes and threads a worker needs (its main and control threads).
 const MIN_PROCESSES: u64 = 2;
 
 /// Defaults and ceilings of every session's limits.

@@ -84,7 +84,7 @@ async fn stdin_reads_end_of_file() {
 }
 
 #[tokio::test]
-async fn worker_sees_no_file_descriptors_beyond_0_to_4() {
+async fn worker_sees_no_file_descriptors_beyond_0_to_5() {
     let (_engine, session) = session().await;
     // The directory scan opens an fd of its own; it is closed again when listdir returns.
     let code = "import os\n\
@@ -97,7 +97,10 @@ async fn worker_sees_no_file_descriptors_beyond_0_to_4() {
                 sorted(fd for fd in map(int, os.listdir('/proc/self/fd')) if is_open(fd))";
     let result = run(&session, code).await;
     let fds = result.result.unwrap().repr;
-    assert!(fds == "[0, 1, 2, 3, 4]", "fds visible to the worker: {fds}");
+    assert!(
+        fds == "[0, 1, 2, 3, 4, 5]",
+        "fds visible to the worker: {fds}"
+    );
 }
 
 #[tokio::test]

@@ -167,6 +167,51 @@ async fn code_sent_after_a_kill_the_session_has_not_noticed_runs_on_the_restored
 }
 
 #[tokio::test]
+async fn code_written_to_a_worker_that_dies_before_reading_it_runs_on_the_restored_worker() {
+    let engine = engine_in(&state_dir()).await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    run(&session, "n = 1").await;
+    let saved = within(session.checkpoint()).await.unwrap();
+    let pid = session.info().await.unwrap().pid.unwrap();
+    // Stopped, the worker is alive when the code is written to it, and never reads it.
+    kill(Pid::from_raw(pid as i32), Signal::SIGSTOP).unwrap();
+    let execution = session.execute("n + 1").await.unwrap();
+    within(async {
+        while unread_request_bytes(pid) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    kill_and_wait(pid).await;
+    let result = within(execution.result()).await.unwrap();
+    assert_eq!(result.status, ExecutionStatus::Ok, "{result:?}");
+    assert_eq!(result.result.unwrap().repr, "2");
+    let recovered = result
+        .recovered
+        .expect("the result says the session recovered");
+    assert_eq!(recovered.checkpoint_id, Some(saved.checkpoint_id));
+    assert_eq!(recovered.lost_executions, 0);
+}
+
+/// The bytes waiting in the request pipe (fd 3) of worker `pid`.
+fn unread_request_bytes(pid: u32) -> i32 {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let pipe = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(format!("/proc/{pid}/fd/3"))
+        .expect("the worker's request pipe opens");
+    let mut unread: libc::c_int = 0;
+    // SAFETY: FIONREAD writes the number of unread bytes into the int it is given.
+    assert_eq!(
+        unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut unread) },
+        0
+    );
+    unread
+}
+
+#[tokio::test]
 async fn the_crashed_execution_itself_reports_the_recovery() {
     let engine = engine_in(&state_dir()).await;
     let session = engine.create_session(Default::default()).await.unwrap();
