@@ -1,6 +1,10 @@
 //! Whole-system figures of the daemon for the README, all from one run on one machine:
 //! the round trip of `x = 1` and the throughput of 64 concurrent clients on distinct
-//! sessions, through the embedded API, the Unix socket (with [`pyvisor::client`]) and HTTP.
+//! sessions, through the embedded API, the Unix socket (with [`pyvisor::client`]) and HTTP,
+//! each round trip also against the floors of one hop, measured in the same run (see
+//! `floor`): a bare Rust host driving a minimal Python `exec` loop over a pipe, for the
+//! embedded engine, and a bare client of a minimal Python server of one Unix socket, for the
+//! daemon, which puts a second hop (daemon to worker) behind the socket.
 //! The daemon is the real `pyvisor serve` binary; the embedded engine uses the same
 //! settings (the defaults, automatic checkpoints on).
 //!
@@ -18,6 +22,7 @@ use pyvisor::{Engine, EngineConfig, StateConfig};
 
 mod common;
 mod daemon_process;
+mod floor;
 
 use common::{quantile, sorted};
 use daemon_process::{connect, start_daemon};
@@ -39,15 +44,20 @@ fn figures(samples: Vec<Duration>) -> Figures {
     }
 }
 
-fn print_latency(name: &str, figures: &Figures, baseline: Option<&Figures>) {
-    let ratio = baseline
-        .map(|base| {
-            format!(
-                "  ({:.2}× embedded)",
-                figures.p50.as_secs_f64() / base.p50.as_secs_f64()
-            )
+/// Prints a latency row, with its p50 as a multiple of each of `against` (name, figures).
+fn print_latency(name: &str, figures: &Figures, against: &[(&str, &Figures)]) {
+    let ratios: Vec<String> = against
+        .iter()
+        .map(|(base_name, base)| {
+            let times = figures.p50.as_secs_f64() / base.p50.as_secs_f64();
+            format!("{times:.2}× {base_name}")
         })
-        .unwrap_or_default();
+        .collect();
+    let ratio = if ratios.is_empty() {
+        String::new()
+    } else {
+        format!("  ({})", ratios.join(", "))
+    };
     println!(
         "{name:<40} p50 {:>8.1} µs   p99 {:>8.1} µs{ratio}",
         figures.p50.as_secs_f64() * 1e6,
@@ -71,8 +81,15 @@ fn main() {
         .build()
         .expect("build the runtime");
 
+    let python = pyvisor_actors::worker::resolve_interpreter("python3").expect("python3 runs");
+    let floor = figures(floor::round_trips(&python, rounds, None));
+    print_latency("floor: bare host + exec loop, one pipe", &floor, &[]);
     let embedded = runtime.block_on(embedded_figures(home.path(), rounds, window));
-    print_latency("embedded Session::run(\"x = 1\")", &embedded.0, None);
+    print_latency(
+        "embedded Session::run(\"x = 1\")",
+        &embedded.0,
+        &[("the floor", &floor)],
+    );
     print_throughput("embedded, 64 sessions", embedded.1);
 
     let http_port = free_port();
@@ -80,11 +97,21 @@ fn main() {
     let _daemon = start_daemon(home.path(), &http, &[]);
     let socket = home.path().join("pyvisor.sock");
     let unix = runtime.block_on(socket_figures(&socket, rounds, window));
-    print_latency("Unix socket, Rust client", &unix.0, Some(&embedded.0));
+    let socket_floor = figures(floor::socket_round_trips(&python, home.path(), rounds));
+    print_latency(
+        "floor: bare client + Python socket server",
+        &socket_floor,
+        &[],
+    );
+    let against = [
+        ("the socket floor", &socket_floor),
+        ("embedded", &embedded.0),
+    ];
+    print_latency("Unix socket, Rust client", &unix.0, &against);
     print_throughput("Unix socket, 64 connections", unix.1);
 
     let http = http_figures(http_port, rounds, window);
-    print_latency("HTTP POST /execute, keep-alive", &http.0, Some(&embedded.0));
+    print_latency("HTTP POST /execute, keep-alive", &http.0, &against);
     print_throughput("HTTP, 64 clients", http.1);
 }
 

@@ -1,38 +1,23 @@
 //! Whole-system latency figures for the README, measured against this machine's own floor
 //! in the same run: a bare Rust host driving a minimal length-prefixed Python loop over
 //! pipes. Every figure is reported for both placements of host and worker (same core,
-//! different cores), as medians and p99.
+//! different cores), as medians and p99, and the round trip also as the thread switches it
+//! costs in the engine's process and in the worker (the floor's: one each).
 //!
 //! Run: `cargo bench -p pyvisor --bench session` (set `PYVISOR_BENCH_QUICK=1` for a short
 //! run).
 
-use std::io::{Read, Write};
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use nix::sched::{sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
 use pyvisor::{Engine, EngineConfig, ExecuteRequest, ExecutionEvent, PoolConfig, Session};
 use pyvisor_actors::worker::resolve_interpreter;
 
 mod common;
+mod floor;
 
 use common::{quantile, sorted};
-
-/// The floor: read a frame, `exec(compile(code))`, reply. Nothing else.
-const FLOOR_LOOP: &str = r#"
-import os, struct
-ns = {}
-while True:
-    header = os.read(0, 4)
-    if not header:
-        break
-    code = os.read(0, struct.unpack('>I', header)[0])
-    exec(compile(code, '<x>', 'exec'), ns)
-    os.write(1, b'\x00\x00\x00\x02ok')
-"#;
+use floor::pin;
 
 #[derive(Clone, Copy, Debug)]
 enum Placement {
@@ -56,12 +41,6 @@ impl Placement {
     }
 }
 
-fn pin(pid: u32, cpu: usize) {
-    let mut set = CpuSet::new();
-    set.set(cpu).expect("cpu index in range");
-    sched_setaffinity(Pid::from_raw(pid as i32), &set).expect("pin to cpu");
-}
-
 fn report(name: &str, placement: Placement, samples: Vec<Duration>) -> f64 {
     let samples = sorted(samples);
     let micros = |q| quantile(&samples, q).as_secs_f64() * 1e6;
@@ -71,34 +50,6 @@ fn report(name: &str, placement: Placement, samples: Vec<Duration>) -> f64 {
         placement.name()
     );
     p50
-}
-
-fn floor_round_trips(python: &Path, placement: Placement, n: usize) -> Vec<Duration> {
-    let mut child = Command::new(python)
-        .args(["-I", "-u", "-c", FLOOR_LOOP])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python starts");
-    pin(child.id(), placement.worker_cpu());
-    let mut to = child.stdin.take().unwrap();
-    let mut from = child.stdout.take().unwrap();
-    let code = b"x = 1";
-    let mut frame = (code.len() as u32).to_be_bytes().to_vec();
-    frame.extend_from_slice(code);
-    let mut reply = [0u8; 6];
-    let mut samples = Vec::with_capacity(n);
-    for i in 0..n + n / 10 {
-        let start = Instant::now();
-        to.write_all(&frame).unwrap();
-        from.read_exact(&mut reply).unwrap();
-        if i >= n / 10 {
-            samples.push(start.elapsed());
-        }
-    }
-    drop(to);
-    child.wait().unwrap();
-    samples
 }
 
 async fn session_on(engine: &Engine, placement: Placement) -> Session {
@@ -141,6 +92,26 @@ async fn throughput(session: &Session, n: usize) -> f64 {
     }
     while in_flight.next().await.is_some() {}
     n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Context switches (voluntary and not) of every thread of process `pid` so far: each is a
+/// thread going to sleep or being put off its CPU, so their count per round trip says how
+/// many hand-overs between threads one costs, whatever the machine's speed or load.
+fn thread_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|line| line.contains("ctxt_switches:"))
+                .filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 fn now_ns() -> u128 {
@@ -222,13 +193,24 @@ async fn main() {
         let floor = report(
             "floor: bare host + exec loop, `x = 1`",
             placement,
-            floor_round_trips(&python, placement, n),
+            floor::round_trips(&python, n, Some(placement.worker_cpu())),
         );
         let session = session_on(&engine, placement).await;
+        let worker = session.pid().expect("a created session knows its worker");
+        let before = (thread_switches(std::process::id()), thread_switches(worker));
         let api = report(
             "Session::run(\"x = 1\") round trip",
             placement,
             session_round_trips(&session, n).await,
+        );
+        let after = (thread_switches(std::process::id()), thread_switches(worker));
+        let per_run = |from: u64, to: u64| (to - from) as f64 / (n + n / 10) as f64;
+        println!(
+            "{:<44} {:<10} host {:.2}, worker {:.2}",
+            "  thread switches per round trip",
+            placement.name(),
+            per_run(before.0, after.0),
+            per_run(before.1, after.1)
         );
         println!(
             "{:<44} {:<10} {:.2}x the floor",
