@@ -54,7 +54,7 @@ mod worker_events;
 
 pub use completion::{Complete, Completion, MAX_COMPLETE_BYTES};
 pub use durability::DurabilityReport;
-pub use events::{Executed, SessionEvent, Speculated, Subscribers, Subscription};
+pub use events::{Delivery, Executed, SessionEvent, Speculated, Subscribers, Subscription};
 pub use forking::{ForkWorkers, ForkedWorkers, StartClone};
 pub use llm_calls::LlmLink;
 pub use messages::{

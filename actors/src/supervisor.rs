@@ -27,7 +27,7 @@ use crate::proactive::cache::CacheActor;
 use crate::proactive::predict::Table;
 use crate::proactive::predictor::PredictorActor;
 use crate::session::{
-    events, Close, CloseState, Drain, LlmLink, MemoryLink, ProactiveSetup, SessionActor,
+    events, Close, CloseState, Delivery, Drain, LlmLink, MemoryLink, ProactiveSetup, SessionActor,
     SessionEvent, SessionSetup, StateSetup, Subscribers, Subscription,
 };
 use crate::worker::WorkerSpec;
@@ -237,17 +237,20 @@ impl RegistryActor {
         let mut subscribers = vec![Subscription::new(
             ctx.address().recipient(),
             events::closing_only,
+            Delivery::AtOnce,
         )];
         if let Some((predictor, _)) = &proactive {
             subscribers.push(Subscription::new(
                 predictor.clone().recipient(),
                 events::every_event,
+                Delivery::WhenQuiet,
             ));
         }
         if let Some(actor) = &self.memory {
             subscribers.push(Subscription::new(
                 actor.clone().recipient(),
                 MemoryActor::interest,
+                Delivery::AtOnce,
             ));
         }
         let memory = self

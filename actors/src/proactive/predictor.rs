@@ -285,14 +285,25 @@ impl Handler<SessionEvent> for PredictorActor {
                     .or_insert_with(Followed::new);
                 self.executed(&executed);
             }
-            SessionEvent::Idle { session_id, addr } => {
+            SessionEvent::Idle {
+                session_id,
+                addr,
+                since,
+            } => {
                 let followed = self
                     .sessions
                     .entry(session_id.clone())
                     .or_insert_with(Followed::new);
-                followed.idle_since.get_or_insert_with(Instant::now);
+                followed.idle_since.get_or_insert(since);
                 followed.addr = Some(addr);
-                ctx.run_later(QUIET, move |act, ctx| act.schedule(&session_id, ctx));
+                // Sessions hold their events for the predictor until they have been quiet,
+                // so the wait is usually over when this comes.
+                let wait = QUIET.saturating_sub(since.elapsed());
+                if wait.is_zero() {
+                    self.schedule(&session_id, ctx);
+                } else {
+                    ctx.run_later(wait, move |act, ctx| act.schedule(&session_id, ctx));
+                }
             }
             SessionEvent::Speculated(speculated) => {
                 let Some(followed) = self.sessions.get(&speculated.session_id) else {

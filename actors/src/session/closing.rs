@@ -71,6 +71,8 @@ impl SessionActor {
             let _ = drained.send(());
         }
         self.forget_answers();
+        // What was held for quiet times goes out before the end.
+        self.events.quiet(None);
         self.events.publish(SessionEvent::Closed {
             session_id: self.session_id.as_str().into(),
         });

@@ -76,6 +76,7 @@ impl SessionActor {
         let Some(queued) = self.queue.pop_front() else {
             return self.publish_idle(ctx);
         };
+        self.events.busy();
         if let Some(recovered) = self.durability.recovered.take() {
             if recovered.fresh_namespace && recovered.lost_executions > 0 {
                 // The worker died between executions and its state is gone: running this code

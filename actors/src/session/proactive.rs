@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::prelude::*;
 use pyvisor_protocol::CellFacts;
@@ -17,6 +18,7 @@ use super::events::{Executed, SessionEvent};
 use super::speculation::InFlight;
 use super::{SessionActor, State};
 use crate::proactive::cache::{CacheActor, ForgetSession};
+use crate::proactive::predictor::QUIET;
 use crate::proactive::stats::{ProactiveCounters, ProactiveStats};
 use crate::proactive::versions::{ReadKey, VersionTable};
 
@@ -203,8 +205,10 @@ impl SessionActor {
         });
     }
 
-    /// Tells the subscribers that the session has nothing to run, if so.
-    pub(super) fn publish_idle(&self, ctx: &mut Context<Self>) {
+    /// Tells the subscribers that the session has nothing to run, if so; those that take
+    /// events when the session is quiet get them (this one with those held before) once
+    /// nothing else has run for [`QUIET`].
+    pub(super) fn publish_idle(&mut self, ctx: &mut Context<Self>) {
         let idle = matches!(self.state, State::Idle) && self.queue.is_empty();
         let quiet = self
             .proactive
@@ -214,7 +218,10 @@ impl SessionActor {
             self.events.publish(SessionEvent::Idle {
                 session_id: self.session_id.as_str().into(),
                 addr: ctx.address(),
+                since: Instant::now(),
             });
+            let mark = self.events.mark();
+            ctx.run_later(QUIET, move |act, _| act.events.quiet(Some(mark)));
         }
     }
 }
