@@ -94,9 +94,9 @@ fn main() {
 
     let http_port = free_port();
     let http = ["--http".to_owned(), format!("127.0.0.1:{http_port}")];
-    let _daemon = start_daemon(home.path(), &http, &[]);
+    let daemon = start_daemon(home.path(), &http, &[]);
     let socket = home.path().join("pyvisor.sock");
-    let unix = runtime.block_on(socket_figures(&socket, rounds, window));
+    let unix = runtime.block_on(socket_figures(&socket, rounds, window, daemon.pid()));
     let socket_floor = figures(floor::socket_round_trips(&python, home.path(), rounds));
     print_latency(
         "floor: bare client + Python socket server",
@@ -180,7 +180,14 @@ fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
-async fn socket_figures(socket: &Path, rounds: usize, window: Duration) -> (Figures, f64) {
+/// The socket figures; also prints the thread switches of the daemon (pid `daemon`) per
+/// round trip.
+async fn socket_figures(
+    socket: &Path,
+    rounds: usize,
+    window: Duration,
+    daemon: u32,
+) -> (Figures, f64) {
     let client = connect(socket).await;
     let session = client
         .create_session(CreateParams::default())
@@ -192,11 +199,17 @@ async fn socket_figures(socket: &Path, rounds: usize, window: Duration) -> (Figu
         client.execute(x_equals_1.clone()).await.expect("warm up");
     }
     let mut samples = Vec::with_capacity(rounds);
+    let before = floor::thread_switches(daemon);
     for _ in 0..rounds {
         let start = Instant::now();
         client.execute(x_equals_1.clone()).await.expect("execute");
         samples.push(start.elapsed());
     }
+    println!(
+        "{:<40} {:.2} in the daemon (worker not counted)",
+        "  thread switches per socket round trip",
+        (floor::thread_switches(daemon) - before) as f64 / rounds as f64
+    );
     client
         .close(&x_equals_1.session_id, false)
         .await

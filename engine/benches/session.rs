@@ -17,7 +17,7 @@ mod common;
 mod floor;
 
 use common::{quantile, sorted};
-use floor::pin;
+use floor::{pin, thread_switches};
 
 #[derive(Clone, Copy, Debug)]
 enum Placement {
@@ -92,26 +92,6 @@ async fn throughput(session: &Session, n: usize) -> f64 {
     }
     while in_flight.next().await.is_some() {}
     n as f64 / start.elapsed().as_secs_f64()
-}
-
-/// Context switches (voluntary and not) of every thread of process `pid` so far: each is a
-/// thread going to sleep or being put off its CPU, so their count per round trip says how
-/// many hand-overs between threads one costs, whatever the machine's speed or load.
-fn thread_switches(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
-        .flat_map(|status| {
-            status
-                .lines()
-                .filter(|line| line.contains("ctxt_switches:"))
-                .filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok())
-                .collect::<Vec<_>>()
-        })
-        .sum()
 }
 
 fn now_ns() -> u128 {

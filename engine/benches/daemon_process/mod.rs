@@ -17,6 +17,17 @@ impl Drop for DaemonGuard {
     }
 }
 
+impl DaemonGuard {
+    /// The daemon's process id.
+    #[allow(
+        dead_code,
+        reason = "used by the daemon bench, not by the cluster bench"
+    )]
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 /// `pyvisor serve` on `home/pyvisor.sock` with `args` and the environment variables `env`
 /// besides, its state and cache in `home`.
 pub fn start_daemon(home: &Path, args: &[String], env: &[(&str, &str)]) -> DaemonGuard {

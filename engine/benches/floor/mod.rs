@@ -2,7 +2,9 @@
 //! host driving a minimal length-prefixed `exec(compile(code))` loop in Python over one pair
 //! of pipes ([`round_trips`]), and a bare Rust client sending JSON lines to a minimal Python
 //! server of one Unix socket that runs them ([`socket_round_trips`]: one hop, where a daemon
-//! in front of a worker makes two). Nothing any design can cost less here.
+//! in front of a worker makes two). Nothing any design can cost less here. Also the count
+//! of thread switches of a process ([`thread_switches`]), which says how many hand-overs
+//! between threads a round trip costs (the floors': one in each process).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -27,6 +29,10 @@ while True:
 "#;
 
 /// A server of one Unix socket connection: read a JSON line, run its code, answer a line.
+#[allow(
+    dead_code,
+    reason = "the daemon bench's floor; the session bench has no socket"
+)]
 const SOCKET_LOOP: &str = r#"
 import json, os, socket, sys
 server = socket.socket(socket.AF_UNIX)
@@ -83,6 +89,10 @@ pub fn round_trips(python: &Path, n: usize, cpu: Option<usize>) -> Vec<Duration>
 
 /// `n` round trips of `x = 1` from a client through one Unix socket to the bare server in
 /// `dir` run by `python`, after `n / 10` to warm up.
+#[allow(
+    dead_code,
+    reason = "the daemon bench's floor; the session bench has no socket"
+)]
 pub fn socket_round_trips(python: &Path, dir: &Path, n: usize) -> Vec<Duration> {
     let path = dir.join("floor.sock");
     let mut child = Command::new(python)
@@ -113,4 +123,24 @@ pub fn socket_round_trips(python: &Path, dir: &Path, n: usize) -> Vec<Duration> 
     drop((to, from));
     child.wait().expect("the server ends");
     samples
+}
+
+/// Context switches (voluntary and not) of every thread of process `pid` so far: each is a
+/// thread going to sleep or being put off its CPU, so their count per round trip says how
+/// many hand-overs between threads one costs, whatever the machine's speed or load.
+pub fn thread_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|line| line.contains("ctxt_switches:"))
+                .filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
