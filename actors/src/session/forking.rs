@@ -12,6 +12,7 @@
 //! from the source's lineage.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use actix::prelude::*;
 use pyvisor_protocol::{ForkedClone, HostMessage};
@@ -19,9 +20,9 @@ use tokio::sync::oneshot;
 
 use super::{SessionActor, State};
 use crate::checkpoint::CheckpointSeed;
-use crate::errors::SessionError;
+use crate::errors::{SessionError, SpawnError};
 use crate::limits::SessionLimits;
-use crate::worker::{Worker, WorkerSpec};
+use crate::worker::{CloneConfinement, Worker, WorkerSpec};
 
 /// Fork the session's worker `count` times.
 #[derive(Message)]
@@ -112,11 +113,35 @@ impl Handler<ForkWorkers> for SessionActor {
                 reason: "its worker package cannot fork".into(),
             });
         }
+        let kind = self.setup.spec.as_deref().unwrap_or(&msg.base);
+        let scratch = self
+            .setup
+            .state
+            .as_ref()
+            .map(|state| state.scratch.as_path());
+        let shares = match clone_shares(worker, kind, scratch, msg.count) {
+            Ok(shares) => shares,
+            Err(err) => {
+                let session_id = self.session_id.clone();
+                return refused(match err {
+                    SpawnError::CloneTooDeep { limit } => {
+                        SessionError::CloneTooDeep { session_id, limit }
+                    }
+                    other => SessionError::CloneSetup {
+                        session_id,
+                        reason: other.to_string(),
+                    },
+                });
+            }
+        };
         self.forks.next += 1;
         let id = format!("f-{}", self.forks.next);
         let frame = HostMessage::Fork {
             id: id.clone(),
             count: msg.count,
+            plans: (shares.iter().flatten())
+                .filter_map(|share| share.plan.clone())
+                .collect(),
         };
         if worker.writer.send(&frame).is_err() {
             return refused(self.no_worker());
@@ -129,7 +154,6 @@ impl Handler<ForkWorkers> for SessionActor {
                 .and_then(|state| self.durability.seed_for_clone(&state.key)),
         };
         let source_pid = worker.pid();
-        let confinement = worker.shared_confinement();
         let spec = self.setup.spec.clone();
         let limits = self.setup.limits.clone();
         let session_id = self.session_id.clone();
@@ -139,10 +163,12 @@ impl Handler<ForkWorkers> for SessionActor {
                 reason: "its worker ended before it forked".into(),
             })?;
             let kind = spec.as_deref().unwrap_or(&msg.base);
+            // Clones the worker did not make drop their shares: their directories go.
             let adoptions = report
                 .clones
                 .iter()
-                .map(|clone| Worker::adopt_clone(kind, source_pid, clone, confinement.clone()));
+                .zip(shares)
+                .map(|(clone, share)| Worker::adopt_clone(kind, source_pid, clone, share));
             let mut workers = Vec::new();
             let mut failures: Vec<String> = report.error.into_iter().collect();
             for adopted in futures::future::join_all(adoptions).await {
@@ -162,6 +188,23 @@ impl Handler<ForkWorkers> for SessionActor {
             })
         })
     }
+}
+
+/// Each clone's share of the source worker's confinement (`None` for an unconfined worker):
+/// under Landlock, directories of its own and the plan that isolates it.
+fn clone_shares(
+    worker: &Worker,
+    kind: &WorkerSpec,
+    scratch: Option<&Path>,
+    count: u32,
+) -> Result<Vec<Option<CloneConfinement>>, SpawnError> {
+    let (Some(confinement), Some(sandbox)) = (worker.shared_confinement(), kind.sandbox.as_ref())
+    else {
+        return Ok((0..count).map(|_| None).collect());
+    };
+    (0..count)
+        .map(|_| confinement.for_clone(sandbox, scratch).map(Some))
+        .collect()
 }
 
 impl Handler<StartClone> for SessionActor {

@@ -330,7 +330,11 @@ impl SessionActor {
             return Err(self.no_worker());
         }
         let id = self.next_request_id("k");
-        let dir = scratch.join(format!("{}-{id}", self.session_id));
+        // An isolated clone writes only in its own area of the scratch directory.
+        let area = (self.worker.as_ref())
+            .and_then(|w| w.confinement()?.checkpoint_area())
+            .unwrap_or(&scratch);
+        let dir = area.join(format!("{}-{id}", self.session_id));
         let worker_state = |reason: String| SessionError::WorkerState {
             session_id: self.session_id.clone(),
             reason,

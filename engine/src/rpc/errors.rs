@@ -187,7 +187,9 @@ fn supervisor_code(err: &SupervisorError) -> i64 {
         }
         SupervisorError::Pool(_) => code::ENGINE_ERROR,
         SupervisorError::UnknownSession { .. } => code::UNKNOWN_SESSION,
-        SupervisorError::TooManySessions { .. } => code::LIMIT_EXCEEDED,
+        SupervisorError::TooManySessions { .. } | SupervisorError::CloneTooDeep { .. } => {
+            code::LIMIT_EXCEEDED
+        }
         SupervisorError::CloneNameTaken { .. } => code::INVALID_PARAMS,
         _ => code::ENGINE_ERROR,
     }
@@ -233,6 +235,14 @@ mod tests {
                 code::LIMIT_EXCEEDED,
             ),
             (SupervisorError::ShuttingDown.into(), code::SHUTTING_DOWN),
+            (
+                SupervisorError::CloneTooDeep {
+                    session: "s-1".into(),
+                    limit: 15,
+                }
+                .into(),
+                code::LIMIT_EXCEEDED,
+            ),
             (
                 SessionError::CheckpointsOff {
                     session_id: "s-1".into(),
