@@ -113,6 +113,8 @@ async fn a_clone_cannot_signal_trace_or_read_its_source_or_its_siblings() {
         assert_eq!(attack(a, &mem).await, "EACCES");
         let environ = format!("open('/proc/{pid}/environ', 'rb').read()");
         assert_eq!(attack(a, &environ).await, "EACCES");
+        let fds = format!("os.listdir('/proc/{pid}/fd')");
+        assert_eq!(attack(a, &fds).await, "EACCES");
     }
     assert_eq!(
         value(&source, "open('notes.txt').read()").await,
