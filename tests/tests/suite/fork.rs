@@ -1,16 +1,17 @@
 //! `Session::fork` (docs/protocol.md `session.fork`) on real workers: clones start from the
 //! source's namespace and diverge, the source never sees a clone's change, a fork waits for a
 //! running execution, a killed clone comes back from its own checkpoints (the first one
-//! linking what its source had stored), threads are said to be gone, and the count and quota
-//! limits hold. A clone counts its executions on from its source's.
+//! linking what its source had stored), threads are said to be gone, and the count, quota and
+//! `max_total` limits hold, a clone running under its source's limits. A clone counts its
+//! executions on from its source's. Isolation between clones: fork_isolation.rs.
 
 use std::time::{Duration, Instant};
 
 use pyvisor::{
-    EngineConfig, EngineError, ExecuteRequest, ExecutionStatus, Quotas, Session, SessionOptions,
-    SupervisorError,
+    EngineConfig, EngineError, ExecuteRequest, ExecutionStatus, PoolConfig, PoolError, Quotas,
+    Session, SessionLimits, SessionOptions, SupervisorError,
 };
-use pyvisor_tests::{engine_with, manual_checkpoints, run, value, within};
+use pyvisor_tests::{engine_with, manual_checkpoints, run, started, value, within};
 
 fn config() -> EngineConfig {
     EngineConfig {
@@ -110,10 +111,12 @@ async fn a_fork_waits_for_the_running_execution_and_says_threads_are_gone() {
         "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n1",
     )
     .await;
-    let running = source
-        .execute(ExecuteRequest::new("time.sleep(0.3)\nstate = 'after'"))
-        .await
-        .unwrap();
+    // Under way in the worker before the fork is asked for.
+    let running = started(
+        &source,
+        ExecuteRequest::new("print('running', flush=True)\ntime.sleep(0.3)\nstate = 'after'"),
+    )
+    .await;
     let forked = within(source.fork(1, vec!["busy-clone".into()]))
         .await
         .unwrap();
@@ -269,6 +272,45 @@ async fn fork_counts_names_and_quotas_are_enforced() {
     forked.sessions[1].clone().close().await.unwrap();
     let again = within(forked.sessions[0].fork(1, vec![])).await.unwrap();
     assert_eq!(again.sessions.len(), 1, "a closed clone frees its place");
+}
+
+#[tokio::test]
+async fn clones_take_the_sources_limits_and_need_room_under_max_total() {
+    let mut config = config();
+    config.pool = PoolConfig {
+        min_idle: 0,
+        max_idle: 1,
+        max_total: 3,
+        ..PoolConfig::default()
+    };
+    let engine = engine_with(config).await;
+    let options = SessionOptions {
+        limits: Some(SessionLimits {
+            timeout: Duration::from_secs(1),
+            ..SessionLimits::default()
+        }),
+        ..SessionOptions::default()
+    };
+    let source = engine.create_session(options).await.unwrap();
+    value(&source, "import time\n1").await;
+    // Three clones and the source would be four workers: refused whole, nothing taken.
+    let err = source.fork(3, vec![]).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Supervisor(SupervisorError::Pool(PoolError::Exhausted {
+                max_total: 3,
+                ..
+            }))
+        ),
+        "{err}"
+    );
+    let forked = within(source.fork(2, vec![])).await.unwrap();
+    assert_eq!(forked.sessions.len(), 2);
+    // A clone runs under its source's limits: the 1 s timeout, not the default 30 s.
+    let slow = run(&forked.sessions[0], "time.sleep(30)").await;
+    assert_eq!(slow.status, ExecutionStatus::Timeout);
+    assert_eq!(value(&forked.sessions[1], "1 + 1").await, "2");
 }
 
 /// The pids of `pid`'s children that are zombies (exited, not reaped).
