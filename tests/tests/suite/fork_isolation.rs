@@ -228,7 +228,7 @@ async fn closing_a_clone_or_its_source_spares_the_rest_of_the_family() {
 }
 
 #[tokio::test]
-async fn a_killed_isolated_clone_comes_back_from_its_own_checkpoints() {
+async fn an_isolated_clone_restores_and_comes_back_from_its_own_checkpoints() {
     require_root();
     let engine = engine_with(confined(62_840)).await;
     let source = new_session(&engine).await;
@@ -236,6 +236,13 @@ async fn a_killed_isolated_clone_comes_back_from_its_own_checkpoints() {
     let clone = clone_of(&source).await;
     value(&clone, "data['clone'] = True\n1").await;
     within(clone.checkpoint()).await.unwrap();
+    // A restore hands the live clone copies of its blobs, in its own nest.
+    value(&clone, "data['later'] = 1\n1").await;
+    within(clone.restore(None)).await.unwrap();
+    assert_eq!(
+        value(&clone, "data").await,
+        "{'from': 'source', 'clone': True}"
+    );
     let killed = run(&clone, "import os\nos.kill(os.getpid(), 9)").await;
     assert_eq!(killed.status, ExecutionStatus::Crashed);
     assert_eq!(
