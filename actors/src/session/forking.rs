@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use actix::prelude::*;
 use pyvisor_protocol::{ForkedClone, HostMessage};
@@ -122,16 +123,10 @@ impl Handler<ForkWorkers> for SessionActor {
         let shares = match clone_shares(worker, kind, scratch, msg.count) {
             Ok(shares) => shares,
             Err(err) => {
-                let session_id = self.session_id.clone();
-                return refused(match err {
-                    SpawnError::CloneTooDeep { limit } => {
-                        SessionError::CloneTooDeep { session_id, limit }
-                    }
-                    other => SessionError::CloneSetup {
-                        session_id,
-                        reason: other.to_string(),
-                    },
-                });
+                return refused(SessionError::Clone {
+                    session_id: self.session_id.clone(),
+                    source: Arc::new(err),
+                })
             }
         };
         self.forks.next += 1;

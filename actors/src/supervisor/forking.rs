@@ -87,10 +87,10 @@ impl Handler<ForkSession> for RegistryActor {
                 failed => {
                     (0..count).for_each(|_| pool.do_send(Release));
                     Err(match failed {
-                        Ok(Err(SessionError::CloneTooDeep { limit, .. })) => {
-                            SupervisorError::CloneTooDeep {
+                        Ok(Err(SessionError::Clone { source: cause, .. })) => {
+                            SupervisorError::Clone {
                                 session: source.session_id,
-                                limit,
+                                source: cause,
                             }
                         }
                         Ok(Err(err)) => SupervisorError::Fork {

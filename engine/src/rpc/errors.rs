@@ -2,7 +2,7 @@
 //! (docs/protocol.md).
 
 use pyvisor_actors::checkpoint::CheckpointError;
-use pyvisor_actors::{PoolError, SessionError, SupervisorError};
+use pyvisor_actors::{PoolError, SessionError, SpawnError, SupervisorError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
@@ -187,9 +187,11 @@ fn supervisor_code(err: &SupervisorError) -> i64 {
         }
         SupervisorError::Pool(_) => code::ENGINE_ERROR,
         SupervisorError::UnknownSession { .. } => code::UNKNOWN_SESSION,
-        SupervisorError::TooManySessions { .. } | SupervisorError::CloneTooDeep { .. } => {
-            code::LIMIT_EXCEEDED
-        }
+        SupervisorError::TooManySessions { .. } => code::LIMIT_EXCEEDED,
+        SupervisorError::Clone { source, .. } => match source.as_ref() {
+            SpawnError::CloneTooDeep { .. } => code::LIMIT_EXCEEDED,
+            _ => code::ENGINE_ERROR,
+        },
         SupervisorError::CloneNameTaken { .. } => code::INVALID_PARAMS,
         _ => code::ENGINE_ERROR,
     }
@@ -236,9 +238,9 @@ mod tests {
             ),
             (SupervisorError::ShuttingDown.into(), code::SHUTTING_DOWN),
             (
-                SupervisorError::CloneTooDeep {
+                SupervisorError::Clone {
                     session: "s-1".into(),
-                    limit: 15,
+                    source: std::sync::Arc::new(SpawnError::CloneTooDeep { limit: 15 }),
                 }
                 .into(),
                 code::LIMIT_EXCEEDED,

@@ -6,7 +6,7 @@
 //! copy of its source's, in a directory of its own; a lineage of clones goes at most
 //! `MAX_CLONE_GENERATIONS` deep; the uid's sweep waits for the last of the family.
 
-use pyvisor::{EngineError, ExecutionStatus, Session, SessionOptions, SupervisorError};
+use pyvisor::{EngineError, ExecutionStatus, Session, SessionOptions, SpawnError, SupervisorError};
 use pyvisor_tests::{
     attack, confined, engine_with, process_running, run, value, within, SETSID_GRANDCHILD,
 };
@@ -184,9 +184,10 @@ async fn clones_of_clones_are_isolated_down_to_the_layer_limit() {
     let err = deepest.fork(1, vec![]).await.unwrap_err();
     assert!(
         matches!(
-            err,
-            EngineError::Supervisor(SupervisorError::CloneTooDeep { limit, .. })
-                if limit == pyvisor::MAX_CLONE_GENERATIONS
+            &err,
+            EngineError::Supervisor(SupervisorError::Clone { source, .. })
+                if matches!(**source, SpawnError::CloneTooDeep { limit }
+                    if limit == pyvisor::MAX_CLONE_GENERATIONS)
         ),
         "{err}"
     );
