@@ -156,6 +156,12 @@ def isolate_clone(plan):
     skipped = []
     if plan.get("copy_from"):
         _copy_dir(plan["copy_from"], plan["cwd"], skipped)
+    # Landlock binds the calling thread: a thread started before the layer (say, by an
+    # at-fork hook of the source's code) would keep the source's reach inside the clone.
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        raise OSError(_EPERM, "isolate the clone: %d threads run in it before its Landlock "
+                      "layer (at-fork hooks of the source's code started them)" % (threads - 1))
     abi = _landlock(_read_rules, plan["write"])
     if abi is None:
         raise OSError(_ENOSYS, "isolate the clone: the kernel has no Landlock")

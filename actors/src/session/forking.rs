@@ -158,12 +158,16 @@ impl Handler<ForkWorkers> for SessionActor {
                 reason: "its worker ended before it forked".into(),
             })?;
             let kind = spec.as_deref().unwrap_or(&msg.base);
-            // Clones the worker did not make drop their shares: their directories go.
-            let adoptions = report
-                .clones
-                .iter()
-                .zip(shares)
-                .map(|(clone, share)| Worker::adopt_clone(kind, source_pid, clone, share));
+            let mut shares = shares.into_iter();
+            let adoptions: Vec<_> = (report.clones.iter().zip(shares.by_ref()))
+                .map(|(clone, share)| Worker::adopt_clone(kind, source_pid, clone, share))
+                .collect();
+            // The shares of clones the worker did not make go, their directories with them,
+            // off the actor thread (the last holder of a uid sweeps it).
+            let unused: Vec<_> = shares.collect();
+            if !unused.is_empty() {
+                drop(tokio::task::spawn_blocking(move || drop(unused)));
+            }
             let mut workers = Vec::new();
             let mut failures: Vec<String> = report.error.into_iter().collect();
             for adopted in futures::future::join_all(adoptions).await {

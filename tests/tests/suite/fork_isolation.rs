@@ -4,7 +4,8 @@
 //! tracing or reading the files of its source and siblings, or reaching their abstract unix
 //! sockets, while the same code works between processes of one session. Its files start as a
 //! copy of its source's, in a directory of its own; a lineage of clones goes at most
-//! `MAX_CLONE_GENERATIONS` deep; the uid's sweep waits for the last of the family.
+//! `MAX_CLONE_GENERATIONS` deep; the uid's sweep waits for the last of the family; a clone
+//! that would carry a thread past its isolation refuses to start.
 
 use pyvisor::{EngineError, ExecutionStatus, Session, SessionOptions, SpawnError, SupervisorError};
 use pyvisor_tests::{
@@ -257,4 +258,28 @@ async fn an_isolated_clone_restores_and_comes_back_from_its_own_checkpoints() {
     assert_ne!(clone_sandbox.uid, source_sandbox.uid);
     assert_eq!(clone_sandbox.clone_isolation, None);
     assert_eq!(value(&source, "data").await, "{'from': 'source'}");
+}
+
+#[tokio::test]
+async fn a_clone_with_a_thread_before_its_layer_refuses_to_start() {
+    require_root();
+    let engine = engine_with(confined(62_860)).await;
+    let source = new_session(&engine).await;
+    // A thread started in the clone at the fork would keep the source's reach there.
+    value(
+        &source,
+        "import os, threading, time\n\
+         os.register_at_fork(after_in_child=lambda: threading.Thread(target=time.sleep, args=(60,), daemon=True).start())\n1",
+    )
+    .await;
+    let err = source.fork(1, vec![]).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            EngineError::Supervisor(SupervisorError::Fork { reason, .. })
+                if reason.contains("threads run in it before its Landlock layer")
+        ),
+        "{err}"
+    );
+    assert_eq!(value(&source, "1 + 1").await, "2");
 }
