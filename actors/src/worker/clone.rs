@@ -11,8 +11,10 @@
 //! A clone keeps the uid of its source (taking another would need a capability that session
 //! code could use too): the uid's lease lasts until the last worker of the family has ended.
 //! Under Landlock the clone isolates itself once started ([`CloneConfinement`]): it copies its
-//! source's work directory into its own first, so it is started only once it is in its own
-//! leaf, where the copy is counted. Without Landlock it shares its source's directories.
+//! source's work directory into its own first, so when there are files to copy it is started
+//! only once it is in its own leaf, where the copy is counted (the leaf's creation and the
+//! move then come before the start rather than beside it). Without Landlock it shares its
+//! source's directories.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -57,25 +59,36 @@ impl Worker {
                     .send(&HostMessage::Start)
                     .map_err(|err| failed(format!("send the start frame: {err}")))
             };
-            let isolated = share.as_ref().is_some_and(|share| share.plan.is_some());
             // Until it is in its own leaf the clone is in its source's, under the same limits:
             // a clone that copies files starts only once the copy counts against its own.
-            let leaf = if isolated {
+            let copies = share.as_ref().is_some_and(|share| share.copies);
+            let contained = if copies {
                 let leaf = contain_clone(spec, pid).await?;
                 start()?;
-                leaf
+                Ok(leaf)
             } else {
                 start()?;
-                contain_clone(spec, pid).await?
+                contain_clone(spec, pid).await
             };
-            let started = Spawned {
+            let started = |leaf| Spawned {
                 pid,
                 writer,
                 events,
                 leaf,
                 confinement: share.map(|share| share.confinement),
             };
-            handshake(spec, started, WorkerOrigin::Cloned).await
+            match contained {
+                Ok(leaf) => handshake(spec, started(leaf), WorkerOrigin::Cloned).await,
+                // A clone that cannot isolate itself exits at once, maybe before the move:
+                // what it said on its way out is the reason, not the move that found it gone.
+                Err(err) => match handshake(spec, started(None), WorkerOrigin::Cloned).await {
+                    Ok(alive) => {
+                        drop(alive);
+                        Err(err)
+                    }
+                    Err(died) => Err(died),
+                },
+            }
         };
         let adopted = adopted.await;
         if adopted.is_err() {

@@ -155,6 +155,11 @@ fn text(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
+/// Whether `dir` is a directory without entries (not when it cannot be read).
+fn is_empty_dir(dir: &Path) -> bool {
+    fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
+}
+
 /// Creates the nest `nest` (root's, 0711) with `work` and `tmp` in it (0700, owned by `uid`
 /// when given).
 fn make_worker_dirs(nest: &Path, uid: Option<u32>) -> Result<(), SpawnError> {
@@ -201,6 +206,9 @@ pub struct CloneConfinement {
     /// The isolation the clone applies to itself; `None` when it shares its source's
     /// confinement (no Landlock).
     pub plan: Option<ClonePlan>,
+    /// Whether the clone has files to copy (its source's work directory held some at the
+    /// fork): it must be in its own cgroup leaf before it starts, so that they count there.
+    pub copies: bool,
 }
 
 impl Confinement {
@@ -259,6 +267,7 @@ impl Confinement {
             return Ok(CloneConfinement {
                 confinement: self.clone(),
                 plan: None,
+                copies: false,
             });
         };
         if self.generation >= MAX_CLONE_GENERATIONS {
@@ -296,6 +305,9 @@ impl Confinement {
         let mut write = vec![text(&nest)];
         write.extend(clone.checkpoints.as_deref().map(text));
         write.extend(client_cwd.clone());
+        // `work` is its uid's, in a nest only root can change: it cannot be swapped. A file
+        // the source makes after this look is copied before the clone is in its own leaf.
+        let copies = client_cwd.is_none() && !is_empty_dir(&self.nest.join("work"));
         let plan = ClonePlan {
             write: write.clone(),
             cwd: cwd.clone(),
@@ -310,6 +322,7 @@ impl Confinement {
         Ok(CloneConfinement {
             confinement: Arc::new(clone),
             plan: Some(plan),
+            copies,
         })
     }
 }

@@ -134,10 +134,13 @@ async fn a_clone_cannot_signal_trace_or_read_its_source_or_its_siblings() {
     assert_eq!(attack(a, &connect).await, expected);
     assert_eq!(attack(&source, &connect).await, "none");
 
-    // The same code works between the processes of one session.
+    // The same code works between the processes of one session (the child read once it has
+    // said it runs, past its exec).
     let own = value(
         a,
-        "import subprocess\nchild = subprocess.Popen(['sleep', '60'])\n\
+        "import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', \
+         \"import time; print('up', flush=True); time.sleep(60)\"], stdout=subprocess.PIPE)\n\
+         child.stdout.readline()\n\
          mine = socket.socket(socket.AF_UNIX)\nmine.bind('\\0pyvisor-own-%d' % os.getpid())\n\
          mine.listen(1)\nlen(open('/proc/%d/environ' % child.pid, 'rb').read()) > 0",
     )
