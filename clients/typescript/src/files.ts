@@ -14,7 +14,7 @@
  */
 
 import type { Connection } from "./connection.js";
-import { ConnectError, errorFor, PyvisorError } from "./errors.js";
+import { ConnectError, errorFor, InvalidParams, PyvisorError } from "./errors.js";
 import type { FileEntry } from "./types.js";
 
 /** Bytes per `session.files.write` call and per read range: their base64 stays well under
@@ -66,6 +66,13 @@ export class SessionFiles {
   async *download(path: string, options: { offset?: number; length?: number } = {}): AsyncGenerator<Uint8Array> {
     const offset = options.offset ?? 0;
     const length = options.length;
+    // Checked here: a Range header of a negative number would be malformed, and the daemon
+    // answers a malformed Range with the whole file.
+    for (const [name, value] of [["offset", offset], ["length", length]] as const) {
+      if (value !== undefined && !(Number.isSafeInteger(value) && value >= 0)) {
+        throw new InvalidParams(-32602, `invalid params: ${name}: a whole number of bytes, at least 0, got ${value}`);
+      }
+    }
     if (this.overHttp(path)) {
       yield* this.get(path, offset, length);
       return;

@@ -89,6 +89,9 @@ for (const name of ["socket", "stdio", "http"]) {
       for (const path of ["../x", "/etc/passwd", "etc/passwd", "missing.txt"]) {
         await assert.rejects(session.files.read(path), InvalidParams, path);
       }
+      for (const range of [{ offset: -1 }, { length: -5 }, { offset: 1.5 }]) {
+        await assert.rejects(session.files.read("x", range), InvalidParams, JSON.stringify(range));
+      }
       await assert.rejects(session.files.write("big", "x".repeat(11)), LimitExceeded);
       await assert.rejects(session.files.upload("big", piecesOf(Buffer.alloc(11), 4)), LimitExceeded);
       assert.deepEqual(await session.files.list(), [], "neither the symlink nor a refused file is listed");
