@@ -226,6 +226,26 @@ async fn a_clones_first_checkpoint_links_what_its_source_had_stored() {
 }
 
 #[tokio::test]
+async fn the_source_checkpoints_again_after_a_fork_that_seeded_its_clone() {
+    let engine = engine_with(config()).await;
+    let source = engine
+        .create_session(SessionOptions::default())
+        .await
+        .unwrap();
+    // Each fork looks whether the source's last checkpoint is stored; the next checkpoint of
+    // the source then waits on that same turn, which the look must not have used up.
+    for round in 0..3 {
+        value(&source, &format!("n = {round}\n1")).await;
+        within(source.checkpoint()).await.unwrap();
+        let clone = checkpointed_clone(&source).await;
+        assert_eq!(value(&clone, "n").await, round.to_string());
+        within(clone.close()).await.unwrap();
+    }
+    within(source.checkpoint()).await.unwrap();
+    assert_eq!(value(&source, "n").await, "2");
+}
+
+#[tokio::test]
 async fn fork_counts_names_and_quotas_are_enforced() {
     let mut config = config();
     config.quotas = Quotas {
