@@ -44,6 +44,12 @@ pub enum SpawnError {
     /// The worker's confinement could not be prepared.
     #[error("confine the worker: {reason}")]
     Sandbox { reason: String },
+    /// A clone would be more forks deep than the kernel can give Landlock layers for.
+    #[error(
+        "isolate a clone: a lineage of clones may go {limit} forks deep (the kernel stacks \
+         16 Landlock layers on a process, and each clone adds one); fork an earlier session"
+    )]
+    CloneTooDeep { limit: u32 },
 }
 
 /// Failure of a request to a session.
@@ -87,6 +93,12 @@ pub enum SessionError {
     /// confines it): the files API has nowhere to reach.
     #[error("reach the files of session {session_id}: it has no work directory of its own (create it with a cwd, or run the engine with a sandbox)")]
     NoWorkDir { session_id: String },
+    /// The clones' share of the sandbox could not be made (too deep a lineage, a directory).
+    #[error("fork session {session_id}: {source}")]
+    Clone {
+        session_id: String,
+        source: Arc<SpawnError>,
+    },
     /// A completion's cursor lies past the end of its code.
     #[error("complete at character {cursor}: the code has {chars} characters")]
     CursorOutOfRange { cursor: usize, chars: usize },
@@ -136,6 +148,13 @@ pub enum SupervisorError {
     /// A clone was to take a name its owner's live session already has.
     #[error("fork: the name {name:?} is taken by a live session")]
     CloneNameTaken { name: String },
+    /// The clones' share of the sandbox could not be made: a lineage of clones deeper than
+    /// Landlock can isolate ([`SpawnError::CloneTooDeep`]), or their directories.
+    #[error("fork session {session}: {source}")]
+    Clone {
+        session: String,
+        source: Arc<SpawnError>,
+    },
     /// The source session could not be forked (its worker refused, died, or no clone could
     /// be adopted).
     #[error("fork session {session}: {reason}")]

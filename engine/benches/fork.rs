@@ -5,8 +5,13 @@
 //! each against its RSS); then a 100 MB file up and down over HTTP (streamed) against a plain
 //! copy of the same file on the same disk.
 //!
+//! With `PYVISOR_BENCH_FORK_CONFINED=1` (as root) the workers run as the daemon's do by
+//! default, each with its own uid, Landlock and seccomp, so that a fork is a clone that copies
+//! its source's work directory and isolates itself; the file transfers are then left out.
+//!
 //! Run: `cargo bench -p pyvisor --bench fork`.
 
+use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,8 +19,8 @@ use futures::StreamExt;
 use pyvisor::rpc::Dispatcher;
 use pyvisor::server::http::{HttpAccess, HttpOptions, HttpServer};
 use pyvisor::{
-    Engine, EngineConfig, ExecutionStatus, PoolConfig, Session, SessionLimits, SessionOptions,
-    StateConfig,
+    Engine, EngineConfig, ExecutionStatus, PoolConfig, SandboxConfig, Session, SessionLimits,
+    SessionOptions, StateConfig,
 };
 
 mod common;
@@ -178,6 +183,7 @@ fn main() {
         .ok()
         .and_then(|mb| mb.parse().ok())
         .unwrap_or(400);
+    let confined = std::env::var_os("PYVISOR_BENCH_FORK_CONFINED").is_some();
     actix_rt::System::new().block_on(async {
         println!(
             "load average before: {}",
@@ -187,7 +193,24 @@ fn main() {
         );
         let state_dir = tempfile::tempdir().expect("a state dir");
         let work = tempfile::tempdir().expect("a work dir");
+        let (python, sandbox) = if confined {
+            // The workers' uids enter the state dir to reach their checkpoint directories.
+            let open = std::fs::Permissions::from_mode(0o711);
+            std::fs::set_permissions(state_dir.path(), open).expect("chmod the state dir");
+            let sandbox = SandboxConfig {
+                uid_range: Some(62_900..=62_939),
+                landlock: true,
+                seccomp: true,
+                ..SandboxConfig::default()
+            };
+            // An interpreter every uid can run.
+            (Some("/usr/bin/python3".to_owned()), sandbox)
+        } else {
+            (None, SandboxConfig::default())
+        };
         let engine = Engine::start(EngineConfig {
+            python: python.unwrap_or_else(|| EngineConfig::default().python),
+            sandbox,
             pool: PoolConfig {
                 min_idle: 1,
                 ..PoolConfig::default()
@@ -215,6 +238,8 @@ fn main() {
         )
         .await;
         forks(&session, megabytes).await;
-        transfers(&engine, work.path()).await;
+        if !confined {
+            transfers(&engine, work.path()).await;
+        }
     });
 }

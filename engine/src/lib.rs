@@ -109,9 +109,10 @@ pub use pyvisor_actors::session::{
     RestoreSummary, SessionPhase, SessionSnapshot,
 };
 pub use pyvisor_actors::supervisor::{Interpreter, Quotas, SessionOptions};
+pub use pyvisor_actors::worker::MAX_CLONE_GENERATIONS;
 pub use pyvisor_actors::{
     DisplayData, ErrorInfo, ExecuteRequest, ExecutionEvent, ExecutionResult, ExecutionStatus,
-    OutputStream, PoolError, Recovered, ResultValue, SessionError, SessionLimits, SupervisorError,
-    Transaction,
+    OutputStream, PoolError, Recovered, ResultValue, SessionError, SessionLimits, SpawnError,
+    SupervisorError, Transaction,
 };
 pub use session::{Execution, Forked, Session, MAX_FORKS};

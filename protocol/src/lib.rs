@@ -17,8 +17,9 @@ pub use bridge::{LlmCallKind, LlmFailure, LlmFailureKind};
 pub use errors::FrameError;
 pub use frame::{encode_frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER_BYTES};
 pub use messages::{
-    CellFacts, CheckpointGroup, ColumnSummary, Definition, DisplayItem, ErrorInfo, FileStamp,
-    ForkedClone, HostMessage, Lane, LostName, NameStamp, ObjectSummary, RestoreGroup, ResultValue,
-    Rlimit, RlimitResource, SandboxApplied, SandboxPlan, SpeculativeOutcome, Transaction, Variable,
-    WorkerMessage, WorkerStatus, ZygoteReply, ZygoteRequest, PROTOCOL_VERSION,
+    CellFacts, CheckpointGroup, ClonePlan, ColumnSummary, Definition, DisplayItem, ErrorInfo,
+    FileStamp, ForkedClone, HostMessage, Lane, LostName, NameStamp, ObjectSummary, RestoreGroup,
+    ResultValue, Rlimit, RlimitResource, SandboxApplied, SandboxPlan, SpeculativeOutcome,
+    Transaction, Variable, WorkerMessage, WorkerStatus, ZygoteReply, ZygoteRequest,
+    PROTOCOL_VERSION,
 };

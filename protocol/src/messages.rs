@@ -105,8 +105,15 @@ pub enum HostMessage {
     CancelSpeculation { id: String },
     /// Fork the worker `count` times between executions (after the running one): each child
     /// is a clone of the session with pipes of its own, waiting for [`HostMessage::Start`] on
-    /// them before it says hello. Answered by one [`WorkerMessage::Forked`].
-    Fork { id: String, count: u32 },
+    /// them before it says hello. Answered by one [`WorkerMessage::Forked`]. With `plans`
+    /// (one per clone, Landlock on), each clone isolates itself from its source and siblings
+    /// as its plan says, once started and before it says hello.
+    Fork {
+        id: String,
+        count: u32,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        plans: Vec<ClonePlan>,
+    },
     /// The host answered `code` from a speculative run computed on the namespace exactly as
     /// it is (no execution ran since): count it as an execution of the session (its cell
     /// number, its source for tracebacks). No reply.
@@ -557,6 +564,25 @@ pub struct SandboxPlan {
     pub cwd: Option<String>,
 }
 
+/// How a clone of `session.fork` isolates itself from its source and its siblings
+/// (pyvisor_worker/sandbox.py `isolate_clone`): it copies its source's work directory into
+/// its own, then adds a Landlock layer of its own (reading what its source could read at its
+/// start, writing only `write`; signals and abstract unix sockets scoped to itself where the
+/// kernel's ABI has scopes), enters `cwd` and points `env` (TMPDIR, HOME, MPLCONFIGDIR) at
+/// its own directories.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClonePlan {
+    /// Paths readable and writable by the clone: its own directories, and a client `cwd`.
+    pub write: Vec<String>,
+    /// The clone's working directory.
+    pub cwd: String,
+    /// Variables set in the clone's environment.
+    pub env: Vec<(String, String)>,
+    /// The source's work directory, whose files the clone copies into `cwd` first; `None`
+    /// when the two share a client's `cwd`.
+    pub copy_from: Option<String>,
+}
+
 /// What a worker reports of its confinement in its `hello`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxApplied {
@@ -568,6 +594,11 @@ pub struct SandboxApplied {
     pub seccomp: bool,
     /// Whether the worker may open internet sockets.
     pub network: bool,
+    /// For a clone of `session.fork`: what it is isolated from its source and siblings by
+    /// (`"files"`, `"ptrace"`, `"signals"`, `"abstract_sockets"`); empty when it shares their
+    /// principal. `None` for a worker that is not a clone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_isolation: Option<Vec<String>>,
 }
 
 /// A message from the zygote to the host, on its control socket.

@@ -1,8 +1,8 @@
 """Forking the session: clones of the worker, namespace and all, each to serve as a session of
 its own.
 
-A fork request ({"type": "fork", "id", "count"}) is taken up by the main thread between
-executions, so a running execution is finished first. For each clone the worker makes five
+A fork request ({"type": "fork", "id", "count", "plans"?}) is taken up by the main thread
+between executions, so a running execution is finished first. For each clone the worker makes five
 pipes (the clone's stdout, stderr, requests, replies and control) and forks; it puts the child in a
 process group of its own and closes its copies of the pipes. It answers
 
@@ -15,8 +15,10 @@ the clone in a cgroup of its own, then sends {"type": "start"} on its new reques
 then the clone runs nothing; end of file instead (the host gave up) makes it exit 0.
 
 The clone moves its ends onto fds 1 to 5, forgets what belonged to the source (an interrupt
-kept for it, its speculation child, a held write lock), closes the host's ends once started
-and says hello as a new worker does; from there on it is a worker like any other. The
+kept for it, its speculation child, a held write lock), closes the host's ends once started,
+isolates itself from its source and siblings when the request gave it a plan ("plans", one
+per clone, under Landlock: see sandbox.isolate_clone; a clone that cannot be isolated says why
+on its stderr and exits before any session code runs) and says hello as a new worker does; from there on it is a worker like any other. The
 source stays the clone's parent: one thread of the source (the reaper, started at the first
 fork) waits for every clone, so that a clone closed or killed does not stay behind as a
 zombie counted against the source. The reaper learns of new clones only after the reply has
@@ -24,7 +26,8 @@ gone: starting a thread, or waking one, in the middle of a fork makes the main t
 for the GIL behind it, which cost a fork up to 20 ms on a busy machine. Only the
 thread that forked exists in a clone: threads of the session's code do not survive, and when
 the source had any, the clone's first execution says so on its stderr. Open files stay open
-in both, sharing their offsets; the working directory is the source's.
+in both, sharing their offsets; the working directory is the source's, or with a plan a copy
+of it of the clone's own.
 """
 
 import collections
@@ -33,7 +36,7 @@ import select
 import sys
 import threading
 
-from pyvisor_worker import execution, protocol, speculation, state
+from pyvisor_worker import execution, protocol, sandbox, speculation, state
 
 
 def user_threads():
@@ -49,11 +52,14 @@ def fork(request, hello, serve):
     request_id, count = request.get("id"), request.get("count")
     if type(count) is not int or not 1 <= count <= 16:
         raise TypeError("fork request %r needs a count from 1 to 16" % (request_id,))
+    plans = request.get("plans") or [None] * count
+    if len(plans) != count:
+        raise TypeError("fork request %r has %d plans for %d clones" % (request_id, len(plans), count))
     threads = len(user_threads())
     clones, watched, error = [], [], None
-    for _ in range(count):
+    for plan in plans:
         try:
-            clone, pidfd = _fork_one(threads, hello, serve)
+            clone, pidfd = _fork_one(threads, plan, hello, serve)
         except OSError as exc:
             error = "fork: %s" % (exc,)
             break
@@ -66,9 +72,9 @@ def fork(request, hello, serve):
         _reaper.watch(watched)
 
 
-def _fork_one(threads, hello, serve):
-    """Fork one clone; what the host needs to know of it, and a pidfd of it (None where the
-    kernel has none)."""
+def _fork_one(threads, plan, hello, serve):
+    """Fork one clone, isolated as `plan` says when there is one; what the host needs to know
+    of it, and a pidfd of it (None where the kernel has none)."""
     # stdout, stderr, requests, replies, control: (read, write)
     pipes = [os.pipe() for _ in range(5)]
     try:
@@ -82,7 +88,7 @@ def _fork_one(threads, hello, serve):
     if pid == 0:
         try:
             _become_clone((out_w, err_w, req_r, rep_w, ctl_r), (out_r, err_r, req_w, rep_r, ctl_w),
-                          threads, hello, serve)
+                          threads, plan, hello, serve)
         finally:
             os._exit(1)
     pidfd = _reaper.open(pid)  # at once: nothing can have waited for the clone yet
@@ -183,8 +189,9 @@ def _wait_for(pid):
 _reaper = _Reaper()
 
 
-def _become_clone(ours, hosts, threads, hello, serve):
-    """In the child: take the new pipes, wait for the start frame, and serve as a worker."""
+def _become_clone(ours, hosts, threads, plan, hello, serve):
+    """In the child: take the new pipes, wait for the start frame, isolate the clone as
+    `plan` says, and serve as a worker."""
     os.setpgid(0, 0)
     _reaper.forget_in_clone()
     for fd, target in zip(ours, (1, 2, protocol.REQUEST_FD, protocol.REPLY_FD,
@@ -200,9 +207,25 @@ def _become_clone(ours, hosts, threads, hello, serve):
         os._exit(0)
     for fd in hosts:
         os.close(fd)
+    notes = []
     if threads:
-        state.fork_note = ("[pyvisor] this session is a fork: %d thread(s) of the session's code "
-                        "were running in the source and do not run here\n" % threads)
+        notes.append("[pyvisor] this session is a fork: %d thread(s) of the session's code were "
+                     "running in the source and do not run here\n" % threads)
+    if plan is None:
+        sandbox.shared_clone()
+    else:
+        try:
+            skipped = sandbox.isolate_clone(plan)
+        except BaseException as exc:
+            os.write(2, ("pyvisor worker: isolating the clone failed: %s\n" % (exc,))
+                     .encode("utf-8", "replace"))
+            os._exit(1)
+        if skipped:
+            path, reason = skipped[0]
+            notes.append("[pyvisor] this session is a fork: %d item(s) of the source's work "
+                         "directory were not copied into its own (%s: %s%s)\n"
+                         % (len(skipped), path, reason, ", ..." if len(skipped) > 1 else ""))
+    state.fork_note = "".join(notes) or None
     hello()
     serve()
     os._exit(0)

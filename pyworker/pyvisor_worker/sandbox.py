@@ -25,11 +25,26 @@ fork request of a forked one, and ``confine(plan)`` applies it, in this order:
 It must run before the process has a second thread: Landlock binds the calling thread only.
 ``confine`` returns what it applied, for the hello: {"uid", "landlock" (ABI or None),
 "seccomp", "network"}.
+
+A clone of session.fork (see cloning) keeps its source's uid and all of the above. Where
+Landlock is on, the host gives it a plan of its own, and once started, before any session
+code runs in it, ``isolate_clone(plan)`` copies the source's work directory into the clone's
+own, then adds a Landlock layer: reading what the worker could read when it was confined
+(recorded then, so that a sys.path the session's code changed since grants nothing), writing
+only under the clone's own directories, and (ABI 6 and later) signals and abstract unix
+sockets scoped to the clone's domain. A layer only narrows: the clone can no longer reach its
+source's files, signal it or its siblings, or trace them (/proc/<pid>/mem), while the source,
+whose domain holds the clone's, still can. The hello of a clone adds "clone_isolation", the
+list of what it is isolated by (empty when it shares its source's principal).
+
+    {"write": ["/path", ...], "cwd": "/dir", "env": [["TMPDIR", "/dir"], ...],
+     "copy_from": "/source/work" | null}
 """
 
 import ctypes
 import os
 import platform
+import stat
 import struct
 import sys
 
@@ -57,6 +72,7 @@ _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1, 2
 _FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
 
 applied = None  # what confine() applied to this process, for the hello
+_read_rules = []  # what confine() let the worker read, for the layer of a clone
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -66,16 +82,17 @@ _CLONE_NEWNET = 0x40000000
 
 def confine(plan):
     """Apply `plan` to this process; return what was applied. Raises OSError on failure."""
-    global applied
+    global applied, _read_rules
     done = {"uid": None, "landlock": None, "seccomp": False,
             "network": bool(plan.get("network", True))}
+    _read_rules = _read_paths(plan.get("read", []))
     # No exec may give privileges back (the host sets it too; a forked child inherits it).
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), ctypes.c_ulong(0),
                        ctypes.c_ulong(0), ctypes.c_ulong(0)), "PR_SET_NO_NEW_PRIVS")
     if not done["network"] and os.geteuid() == 0:
         _check(_libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
     if plan.get("landlock"):
-        done["landlock"] = _landlock(plan.get("read", []), plan.get("write", []))
+        done["landlock"] = _landlock(_read_rules, plan.get("write", []))
     uid = plan.get("uid")
     if uid is not None:
         os.setgroups([])
@@ -131,8 +148,110 @@ def _read_paths(extra):
     return paths
 
 
+def isolate_clone(plan):
+    """Isolate this clone from its source and siblings as `plan` says (see the module's doc);
+    returns what of the source's work directory could not be copied, as (path, reason).
+    Raises OSError when the clone cannot be isolated."""
+    global applied
+    skipped = []
+    if plan.get("copy_from"):
+        _copy_dir(plan["copy_from"], plan["cwd"], skipped)
+    # Landlock binds the calling thread: a thread started before the layer (say, by an
+    # at-fork hook of the source's code) would keep the source's reach inside the clone.
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        raise OSError(_EPERM, "isolate the clone: %d threads run in it before its Landlock "
+                      "layer (at-fork hooks of the source's code started them)" % (threads - 1))
+    abi = _landlock(_read_rules, plan["write"])
+    if abi is None:
+        raise OSError(_ENOSYS, "isolate the clone: the kernel has no Landlock")
+    os.chdir(plan["cwd"])
+    for name, value in plan["env"]:
+        os.environ[name] = value
+    if "tempfile" in sys.modules:
+        sys.modules["tempfile"].tempdir = None  # gettempdir() cached the source's TMPDIR
+    isolation = ["files", "ptrace"] + (["signals", "abstract_sockets"] if abi >= 6 else [])
+    applied = dict(applied or {}, clone_isolation=isolation)
+    return skipped
+
+
+def shared_clone():
+    """Say in the hello that this clone shares its source's principal (no Landlock)."""
+    global applied
+    if applied is not None:
+        applied = dict(applied, clone_isolation=[])
+
+
+def _copy_dir(source, target, skipped):
+    """Copy the directories, regular files (with their modes and times) and symlinks (as
+    links) under `source` into the existing `target`, never following a symlink or opening
+    anything but a regular file; what fails is appended to `skipped`."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        from_fd = os.open(source, flags)
+    except OSError as exc:
+        skipped.append((".", exc.strerror))
+        return
+    try:
+        to_fd = os.open(target, flags)
+        try:
+            _copy_entries(from_fd, to_fd, "", skipped)
+        finally:
+            os.close(to_fd)
+    finally:
+        os.close(from_fd)
+
+
+def _copy_entries(from_fd, to_fd, prefix, skipped):
+    """Copy the entries of the directory `from_fd` into `to_fd` (see _copy_dir)."""
+    for entry in os.scandir(from_fd):
+        name, path = entry.name, prefix + entry.name
+        try:
+            if entry.is_symlink():
+                os.symlink(os.readlink(name, dir_fd=from_fd), name, dir_fd=to_fd)
+            elif entry.is_dir(follow_symlinks=False):
+                mode = entry.stat(follow_symlinks=False).st_mode
+                os.mkdir(name, 0o700, dir_fd=to_fd)
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+                inner_from = os.open(name, flags, dir_fd=from_fd)
+                try:
+                    inner_to = os.open(name, flags, dir_fd=to_fd)
+                    try:
+                        _copy_entries(inner_from, inner_to, path + "/", skipped)
+                        os.chmod(inner_to, stat.S_IMODE(mode))
+                    finally:
+                        os.close(inner_to)
+                finally:
+                    os.close(inner_from)
+            else:
+                _copy_file(name, from_fd, to_fd)
+        except OSError as exc:
+            skipped.append((path, exc.strerror or str(exc)))
+
+
+def _copy_file(name, from_fd, to_fd):
+    """Copy the regular file `name` of `from_fd` into `to_fd`; anything else is refused."""
+    source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=from_fd)
+    try:
+        info = os.fstat(source)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(_EPERM, "not a regular file, directory or symlink")
+        target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         stat.S_IMODE(info.st_mode), dir_fd=to_fd)
+        try:
+            while os.sendfile(target, source, None, 1 << 24):
+                pass
+            os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
+
+
 def _landlock(read, write):
-    """Restrict this thread's file access with Landlock; return the ABI, None without one."""
+    """Restrict this thread's file access with Landlock: read `read` (every path the worker
+    may read) and write `write`; return the ABI, None without one."""
     abi = landlock_abi()
     if abi < 1:
         return None
@@ -145,7 +264,7 @@ def _landlock(read, write):
         read_rights = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
         device_rights = read_rights | _FS_WRITE_FILE | (handled & (_FS_TRUNCATE | _FS_IOCTL_DEV))
         write_rights = handled & ~(1 << 6 | 1 << 11)  # all but MAKE_CHAR and MAKE_BLOCK
-        for paths, rights in ((_read_paths(read), read_rights), (DEVICES_WRITE, device_rights),
+        for paths, rights in ((read, read_rights), (DEVICES_WRITE, device_rights),
                               (list(SYSTEM_WRITE) + list(write), write_rights)):
             for path in paths:
                 _allow(ruleset, path, rights & handled)

@@ -91,6 +91,29 @@ pub async fn run(session: &Session, code: &str) -> ExecutionResult {
         .expect("execution completes")
 }
 
+/// Runs `code`, which must end with an expression, and returns its repr; fails the test
+/// when the code does not run to the end.
+pub async fn value(session: &Session, code: &str) -> String {
+    let result = run(session, code).await;
+    assert_eq!(
+        result.status,
+        pyvisor::ExecutionStatus::Ok,
+        "{code}: {:?} {:?}",
+        result.error,
+        result.stderr
+    );
+    result.result.expect("a value").repr
+}
+
+/// Runs `attack` (one line of Python) in a try block; returns the errno name it failed with
+/// (`EACCES`, `EPERM`, ...), or `"none"` when it succeeded.
+pub async fn attack(session: &Session, attack: &str) -> String {
+    let code = format!(
+        "import errno\ntry:\n    {attack}\n    _outcome = 'none'\nexcept OSError as e:\n    _outcome = errno.errorcode.get(e.errno, str(e))\n_outcome"
+    );
+    value(session, &code).await.trim_matches('\'').to_owned()
+}
+
 /// Awaits `future`, failing the test if it takes longer than 60 s (a hang is a bug).
 pub async fn within<F: std::future::Future>(future: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(60), future)

@@ -12,6 +12,8 @@
 //! from the source's lineage.
 
 use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
 
 use actix::prelude::*;
 use pyvisor_protocol::{ForkedClone, HostMessage};
@@ -19,9 +21,9 @@ use tokio::sync::oneshot;
 
 use super::{SessionActor, State};
 use crate::checkpoint::CheckpointSeed;
-use crate::errors::SessionError;
+use crate::errors::{SessionError, SpawnError};
 use crate::limits::SessionLimits;
-use crate::worker::{Worker, WorkerSpec};
+use crate::worker::{CloneConfinement, Worker, WorkerSpec};
 
 /// Fork the session's worker `count` times.
 #[derive(Message)]
@@ -112,11 +114,29 @@ impl Handler<ForkWorkers> for SessionActor {
                 reason: "its worker package cannot fork".into(),
             });
         }
+        let kind = self.setup.spec.as_deref().unwrap_or(&msg.base);
+        let scratch = self
+            .setup
+            .state
+            .as_ref()
+            .map(|state| state.scratch.as_path());
+        let shares = match clone_shares(worker, kind, scratch, msg.count) {
+            Ok(shares) => shares,
+            Err(err) => {
+                return refused(SessionError::Clone {
+                    session_id: self.session_id.clone(),
+                    source: Arc::new(err),
+                })
+            }
+        };
         self.forks.next += 1;
         let id = format!("f-{}", self.forks.next);
         let frame = HostMessage::Fork {
             id: id.clone(),
             count: msg.count,
+            plans: (shares.iter().flatten())
+                .filter_map(|share| share.plan.clone())
+                .collect(),
         };
         if worker.writer.send(&frame).is_err() {
             return refused(self.no_worker());
@@ -129,7 +149,6 @@ impl Handler<ForkWorkers> for SessionActor {
                 .and_then(|state| self.durability.seed_for_clone(&state.key)),
         };
         let source_pid = worker.pid();
-        let confinement = worker.shared_confinement();
         let spec = self.setup.spec.clone();
         let limits = self.setup.limits.clone();
         let session_id = self.session_id.clone();
@@ -139,10 +158,16 @@ impl Handler<ForkWorkers> for SessionActor {
                 reason: "its worker ended before it forked".into(),
             })?;
             let kind = spec.as_deref().unwrap_or(&msg.base);
-            let adoptions = report
-                .clones
-                .iter()
-                .map(|clone| Worker::adopt_clone(kind, source_pid, clone, confinement.clone()));
+            let mut shares = shares.into_iter();
+            let adoptions: Vec<_> = (report.clones.iter().zip(shares.by_ref()))
+                .map(|(clone, share)| Worker::adopt_clone(kind, source_pid, clone, share))
+                .collect();
+            // The shares of clones the worker did not make go, their directories with them,
+            // off the actor thread (the last holder of a uid sweeps it).
+            let unused: Vec<_> = shares.collect();
+            if !unused.is_empty() {
+                drop(tokio::task::spawn_blocking(move || drop(unused)));
+            }
             let mut workers = Vec::new();
             let mut failures: Vec<String> = report.error.into_iter().collect();
             for adopted in futures::future::join_all(adoptions).await {
@@ -162,6 +187,23 @@ impl Handler<ForkWorkers> for SessionActor {
             })
         })
     }
+}
+
+/// Each clone's share of the source worker's confinement (`None` for an unconfined worker):
+/// under Landlock, directories of its own and the plan that isolates it.
+fn clone_shares(
+    worker: &Worker,
+    kind: &WorkerSpec,
+    scratch: Option<&Path>,
+    count: u32,
+) -> Result<Vec<Option<CloneConfinement>>, SpawnError> {
+    let (Some(confinement), Some(sandbox)) = (worker.shared_confinement(), kind.sandbox.as_ref())
+    else {
+        return Ok((0..count).map(|_| None).collect());
+    };
+    (0..count)
+        .map(|_| confinement.for_clone(sandbox, scratch).map(Some))
+        .collect()
 }
 
 impl Handler<StartClone> for SessionActor {

@@ -267,9 +267,16 @@ impl Durability {
                 Pending::Checkpoint { .. } | Pending::Restore { .. }
             )
         });
-        let stored = self.last_turn.as_mut().is_none_or(|turn| {
-            matches!(turn.try_recv(), Err(oneshot::error::TryRecvError::Closed))
-        });
+        // A receiver that try_recv found done is used up (polling it again panics), and the
+        // next checkpoint would wait on it: forget it, as nothing is left to wait for.
+        let stored = match self.last_turn.as_mut().map(oneshot::Receiver::try_recv) {
+            None => true,
+            Some(Err(oneshot::error::TryRecvError::Empty)) => false,
+            Some(_) => {
+                self.last_turn = None;
+                true
+            }
+        };
         let last = self
             .ledger
             .last
@@ -330,7 +337,11 @@ impl SessionActor {
             return Err(self.no_worker());
         }
         let id = self.next_request_id("k");
-        let dir = scratch.join(format!("{}-{id}", self.session_id));
+        // An isolated clone writes only in its own area of the scratch directory.
+        let area = (self.worker.as_ref())
+            .and_then(|w| w.confinement()?.checkpoint_area())
+            .unwrap_or(&scratch);
+        let dir = area.join(format!("{}-{id}", self.session_id));
         let worker_state = |reason: String| SessionError::WorkerState {
             session_id: self.session_id.clone(),
             reason,

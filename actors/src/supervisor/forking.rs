@@ -13,7 +13,7 @@ use actix::prelude::*;
 
 use super::messages::{SessionHandle, SessionOptions};
 use super::RegistryActor;
-use crate::errors::SupervisorError;
+use crate::errors::{SessionError, SupervisorError};
 use crate::pool::{Lease, Release, ReserveClones};
 use crate::session::ForkWorkers;
 
@@ -87,6 +87,12 @@ impl Handler<ForkSession> for RegistryActor {
                 failed => {
                     (0..count).for_each(|_| pool.do_send(Release));
                     Err(match failed {
+                        Ok(Err(SessionError::Clone { source: cause, .. })) => {
+                            SupervisorError::Clone {
+                                session: source.session_id,
+                                source: cause,
+                            }
+                        }
                         Ok(Err(err)) => SupervisorError::Fork {
                             session: source.session_id,
                             reason: err.to_string(),

@@ -9,13 +9,16 @@
 //! leaf; until then it is in its source's, with the source's limits.
 //!
 //! A clone keeps the uid of its source (taking another would need a capability that session
-//! code could use too), and so shares the source's [`Confinement`]: its uid lease and its
-//! directories last until the last worker of the family has ended.
+//! code could use too): the uid's lease lasts until the last worker of the family has ended.
+//! Under Landlock the clone isolates itself once started ([`CloneConfinement`]): it copies its
+//! source's work directory into its own first, so when there are files to copy it is started
+//! only once it is in its own leaf, where the copy is counted (the leaf's creation and the
+//! move then come before the start rather than beside it). Without Landlock it shares its
+//! source's directories.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::sync::Arc;
 
 use pyvisor_protocol::{ForkedClone, HostMessage};
 use tokio::net::unix::pipe;
@@ -24,20 +27,20 @@ use tokio::sync::oneshot;
 use super::cgroup::CgroupLeaf;
 use super::exit::ExitSource;
 use super::pump::PumpPipes;
-use super::sandbox::Confinement;
+use super::sandbox::CloneConfinement;
 use super::spawn::{contain, create_leaf, handshake, kill_group, HostEnds, Spawned};
 use super::{Worker, WorkerOrigin, WorkerSpec};
 use crate::errors::SpawnError;
 
 impl Worker {
-    /// Adopts `clone`, forked by the worker `source_pid`, as a worker of `spec`'s kind
-    /// sharing `confinement`; it has said hello when this returns. A clone that cannot be
-    /// adopted is killed, once it is known to be the source's.
+    /// Adopts `clone`, forked by the worker `source_pid`, as a worker of `spec`'s kind with
+    /// its `share` of the source's confinement; it has said hello when this returns. A clone
+    /// that cannot be adopted is killed, once it is known to be the source's.
     pub async fn adopt_clone(
         spec: &WorkerSpec,
         source_pid: u32,
         clone: &ForkedClone,
-        confinement: Option<Arc<Confinement>>,
+        share: Option<CloneConfinement>,
     ) -> Result<Worker, SpawnError> {
         let pid = clone.pid;
         let failed = |reason: String| SpawnError::Handshake {
@@ -51,19 +54,41 @@ impl Worker {
         let adopted = async {
             let host = host_ends(pid, clone).map_err(failed)?;
             let (writer, events) = host.start(exit, spec.max_frame);
-            writer
-                .send(&HostMessage::Start)
-                .map_err(|err| failed(format!("send the start frame: {err}")))?;
-            // Until it is in its own leaf the clone is in its source's, under the same limits.
-            let leaf = contain_clone(spec, pid).await?;
-            let started = Spawned {
+            let start = || {
+                writer
+                    .send(&HostMessage::Start)
+                    .map_err(|err| failed(format!("send the start frame: {err}")))
+            };
+            // Until it is in its own leaf the clone is in its source's, under the same limits:
+            // a clone that copies files starts only once the copy counts against its own.
+            let copies = share.as_ref().is_some_and(|share| share.copies);
+            let contained = if copies {
+                let leaf = contain_clone(spec, pid).await?;
+                start()?;
+                Ok(leaf)
+            } else {
+                start()?;
+                contain_clone(spec, pid).await
+            };
+            let started = |leaf| Spawned {
                 pid,
                 writer,
                 events,
                 leaf,
-                confinement,
+                confinement: share.map(|share| share.confinement),
             };
-            handshake(spec, started, WorkerOrigin::Cloned).await
+            match contained {
+                Ok(leaf) => handshake(spec, started(leaf), WorkerOrigin::Cloned).await,
+                // A clone that cannot isolate itself exits at once, maybe before the move:
+                // what it said on its way out is the reason, not the move that found it gone.
+                Err(err) => match handshake(spec, started(None), WorkerOrigin::Cloned).await {
+                    Ok(alive) => {
+                        drop(alive);
+                        Err(err)
+                    }
+                    Err(died) => Err(died),
+                },
+            }
         };
         let adopted = adopted.await;
         if adopted.is_err() {

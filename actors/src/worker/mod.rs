@@ -22,7 +22,8 @@ pub use janitor::Janitor;
 pub use output::{CappedOutput, Utf8Chunker};
 pub use pump::WorkerEvent;
 pub use sandbox::{
-    landlock_abi, probe_uid, seccomp_available, Confinement, Sandbox, SandboxSetup, UID_CLAIMS_DIR,
+    landlock_abi, probe_uid, seccomp_available, CloneConfinement, Confinement, Sandbox,
+    SandboxSetup, MAX_CLONE_GENERATIONS, UID_CLAIMS_DIR,
 };
 pub use script::{
     install_worker_package, resolve_interpreter, verify_worker_package, WORKER_FILES,

@@ -1,46 +1,48 @@
-//! The host's side of worker confinement: the engine-wide [`Sandbox`] policy, the uid each
-//! worker leases from its range, the worker's private directories, and the [`SandboxPlan`]
-//! the worker applies to itself (pyworker/pyvisor_worker/sandbox.py) before any session code
-//! runs.
+//! The host's side of worker confinement: the engine-wide [`Sandbox`] policy, each worker's
+//! [`Confinement`] (its uid lease, its private directories), and the [`SandboxPlan`] the
+//! worker applies to itself (pyworker/pyvisor_worker/sandbox.py) before any session code
+//! runs. Uids are leased machine-wide ([`uids`]): when the last worker holding one ends,
+//! every process still running under it is killed before it goes back to the free set.
 //!
-//! A uid is leased to one live worker at a time, on the whole machine: every engine claims
-//! the uids it leases with a lock on a file of its own in [`UID_CLAIMS_DIR`], so two daemons
-//! (or two engines in one process) given the same range never give one uid to two sessions.
-//! The kernel drops a dead engine's claims; the next engine to claim such a uid kills what
-//! still runs under it first. A claim given back is unlocked explicitly, not by closing its
-//! file: a child the engine forks holds a copy of every descriptor until its exec, and a lock
-//! left to the last close would outlive its release by that window. When the worker ends, every process still running under its uid
-//! is killed (a short-lived helper becomes that uid and signals -1) before the uid goes back
-//! to the free set, so that no survivor of one session shares a uid with the next.
+//! A worker's directories hang from its nest, `w-N` (root's, 0711): `work`, the default
+//! working directory, and `tmp`, its TMPDIR, HOME and MPLCONFIGDIR (0700, its uid's), and the
+//! nests of its clones. Landlock lets the worker write beneath its nest, and the engine alone
+//! makes entries in it, so no directory the engine works in as root can be swapped for a
+//! symlink by session code.
 //!
-//! The worker's directories (`work`, the default working directory, and `tmp`, its TMPDIR,
-//! HOME and MPLCONFIGDIR) are 0700 and owned by its uid, and are removed with it.
+//! A clone of `session.fork` keeps its source's uid (taking another would need a capability
+//! that session code could use too). Where Landlock is on, it is isolated from its source and
+//! siblings by a layer of its own instead ([`Confinement::for_clone`]): a nest inside its
+//! source's (a Landlock layer can only narrow what its process may reach), a checkpoint area
+//! of its own, and the rules it applies to itself ([`ClonePlan`]). Without Landlock it shares
+//! its source's confinement, directories and all.
 
-use std::collections::{BTreeSet, HashMap};
-use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Read, Write};
+mod uids;
+
+use std::fs::{self, DirBuilder};
+use std::io;
 use std::ops::RangeInclusive;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use pyvisor_protocol::SandboxPlan;
+use pyvisor_protocol::{ClonePlan, SandboxPlan};
 
 use crate::errors::SpawnError;
+use uids::{UidLease, UidPool};
 
 /// Where every engine on the machine claims the worker uids it leases (root's, 0700).
 pub const UID_CLAIMS_DIR: &str = "/run/pyvisor-uids";
 
-/// Rounds of `kill(-1, SIGKILL)` at most when a uid is swept: until none is left, with
-/// zombies (still signalable until reaped) bounding it.
-const SWEEP_ROUNDS: usize = 64;
+/// How many forks deep a lineage of clones may go under Landlock: the kernel stacks at most
+/// 16 layers on a process, a worker starts with one, and each clone adds one of its own.
+pub const MAX_CLONE_GENERATIONS: u32 = 15;
 
 /// Which layers confine the workers of an engine, and where their directories go.
 #[derive(Debug)]
 pub struct Sandbox {
-    uids: Option<UidPool>,
+    uids: Option<Arc<UidPool>>,
     /// Restrict file access with Landlock.
     pub landlock: bool,
     /// Install the seccomp filter.
@@ -77,7 +79,7 @@ impl Sandbox {
             .mode(0o711)
             .create(&setup.dirs)?;
         let uids = match setup.uid_range {
-            Some(range) => Some(UidPool::new(range, setup.uid_claims)?),
+            Some(range) => Some(Arc::new(UidPool::new(range, setup.uid_claims)?)),
             None => None,
         };
         Ok(Sandbox {
@@ -91,15 +93,20 @@ impl Sandbox {
         })
     }
 
-    /// Leases a uid and makes the directories of one worker that runs `script`, in `cwd`
-    /// when given (used as is), else in its own work directory. `None` when no layer is on
-    /// and the worker may use the network: such a worker is not confined at all. Without
-    /// the network, the seccomp filter is always installed (it refuses the sockets).
     /// Whether every worker gets a uid of its own.
     pub fn separates_uids(&self) -> bool {
         self.uids.is_some()
     }
 
+    /// A name for a new nest, unique in this engine.
+    fn next_nest(&self) -> String {
+        format!("w-{}", self.next_dir.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Leases a uid and makes the directories of one worker that runs `script`, in `cwd`
+    /// when given (used as is), else in its own work directory. `None` when no layer is on
+    /// and the worker may use the network: such a worker is not confined at all. Without
+    /// the network, the seccomp filter is always installed (it refuses the sockets).
     pub(crate) fn prepare(
         self: &Arc<Self>,
         script: &Path,
@@ -110,30 +117,26 @@ impl Sandbox {
             return Ok(None);
         }
         let uid = match &self.uids {
-            Some(pool) => Some(pool.lease()?),
+            Some(pool) => Some(Arc::new(pool.lease()?)),
             None => None,
         };
-        let root = self.dirs.join(format!(
-            "w-{}",
-            self.next_dir.fetch_add(1, Ordering::Relaxed)
-        ));
+        let nest = self.dirs.join(self.next_nest());
         // Built first, so that a failure below returns the uid and removes what was made.
         let mut confinement = Confinement {
-            sandbox: self.clone(),
             uid,
-            root: root.clone(),
+            nest: nest.clone(),
+            checkpoints: None,
             plan: None,
+            generation: 0,
+            _source: None,
         };
-        make_worker_dirs(&root, uid).map_err(|source| SpawnError::Sandbox {
-            reason: format!("create {}: {source}", root.display()),
-        })?;
-        let text = |path: &Path| path.to_string_lossy().into_owned();
+        let uid = confinement.uid();
+        make_worker_dirs(&nest, uid)?;
         let mut read: Vec<String> = self.read.iter().map(|p| text(p)).collect();
         read.push(text(script));
         let mut write: Vec<String> = self.write.iter().map(|p| text(p)).collect();
-        write.push(text(&root));
+        write.push(text(&nest));
         write.extend(cwd.map(text));
-        let work = root.join("work");
         confinement.plan = Some(SandboxPlan {
             uid,
             network,
@@ -141,38 +144,77 @@ impl Sandbox {
             seccomp: self.seccomp || !network,
             read,
             write,
-            cwd: Some(text(cwd.unwrap_or(&work))),
+            cwd: Some(text(cwd.unwrap_or(&nest.join("work")))),
         });
         Ok(Some(confinement))
     }
 }
 
-/// Creates `root` with `work` and `tmp` in it, all 0700 and owned by `uid` when given.
-fn make_worker_dirs(root: &Path, uid: Option<u32>) -> io::Result<()> {
-    for dir in [root.to_path_buf(), root.join("work"), root.join("tmp")] {
-        DirBuilder::new().mode(0o700).create(&dir)?;
-        if let Some(uid) = uid {
-            std::os::unix::fs::chown(&dir, Some(uid), Some(uid))?;
+/// A path as the worker's plans carry it.
+fn text(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// Whether `dir` is a directory without entries (not when it cannot be read).
+fn is_empty_dir(dir: &Path) -> bool {
+    fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
+}
+
+/// Creates the nest `nest` (root's, 0711) with `work` and `tmp` in it (0700, owned by `uid`
+/// when given).
+fn make_worker_dirs(nest: &Path, uid: Option<u32>) -> Result<(), SpawnError> {
+    let made = (|| {
+        DirBuilder::new().mode(0o711).create(nest)?;
+        for dir in [nest.join("work"), nest.join("tmp")] {
+            DirBuilder::new().mode(0o700).create(&dir)?;
+            if let Some(uid) = uid {
+                std::os::unix::fs::chown(&dir, Some(uid), Some(uid))?;
+            }
         }
-    }
-    Ok(())
+        Ok::<_, io::Error>(())
+    })();
+    made.map_err(|source| SpawnError::Sandbox {
+        reason: format!("create {}: {source}", nest.display()),
+    })
 }
 
 /// One worker's share of the sandbox: its uid lease, its directories and its plan. Dropping
-/// it, once the worker is dead, kills whatever still runs under the uid, removes the
-/// directories and frees the uid.
+/// it, once the worker is dead, kills whatever still runs under the uid if this was the
+/// uid's last holder, removes the directories and frees the uid.
 #[derive(Debug)]
 pub struct Confinement {
-    sandbox: Arc<Sandbox>,
-    uid: Option<u32>,
-    root: PathBuf,
+    /// Shared by a worker and its clones; the last holder sweeps and frees it.
+    uid: Option<Arc<UidLease>>,
+    /// The worker's nest (see the module's doc).
+    nest: PathBuf,
+    /// An isolated clone's own area for its checkpoint directories (root's, 0711), inside
+    /// its source's or the engine's scratch directory; `None` for a spawned worker, which
+    /// makes them in the scratch directory itself.
+    checkpoints: Option<PathBuf>,
     plan: Option<SandboxPlan>,
+    /// How many forks this worker is from a spawned one.
+    generation: u32,
+    /// An isolated clone's source, whose nest and checkpoint area hold this one's: kept
+    /// until this one is removed.
+    _source: Option<Arc<Confinement>>,
+}
+
+/// A clone's share of the sandbox, from [`Confinement::for_clone`].
+#[derive(Debug)]
+pub struct CloneConfinement {
+    pub confinement: Arc<Confinement>,
+    /// The isolation the clone applies to itself; `None` when it shares its source's
+    /// confinement (no Landlock).
+    pub plan: Option<ClonePlan>,
+    /// Whether the clone has files to copy (its source's work directory held some at the
+    /// fork): it must be in its own cgroup leaf before it starts, so that they count there.
+    pub copies: bool,
 }
 
 impl Confinement {
     /// The uid the worker runs as, when it has its own.
     pub fn uid(&self) -> Option<u32> {
-        self.uid
+        self.uid.as_deref().map(UidLease::uid)
     }
 
     /// Whether the worker cannot read the checkpoint store (a uid of its own, or Landlock):
@@ -193,33 +235,106 @@ impl Confinement {
 
     /// The worker's private temp dir, as TMPDIR, HOME and MPLCONFIGDIR.
     pub(crate) fn env(&self) -> Vec<(String, String)> {
-        let tmp = self.root.join("tmp").to_string_lossy().into_owned();
+        let tmp = text(&self.nest.join("tmp"));
         ["TMPDIR", "HOME", "MPLCONFIGDIR"]
             .into_iter()
             .map(|name| (name.to_owned(), tmp.clone()))
             .collect()
     }
 
-    /// Where the worker's checkpoints are written: a directory of its own that it can
-    /// write, on the same file system as the checkpoint store's scratch directory.
+    /// Where a restore hands the worker copies of its checkpoint's blobs: its nest, which
+    /// it can write (Landlock) but not make entries in.
     pub fn checkpoint_dir(&self) -> PathBuf {
-        self.root.clone()
+        self.nest.clone()
+    }
+
+    /// Where the worker's checkpoint directories are made, when not in the engine's scratch
+    /// directory: an isolated clone's own area there.
+    pub fn checkpoint_area(&self) -> Option<&Path> {
+        self.checkpoints.as_deref()
+    }
+
+    /// The share of a new clone of this worker. Under Landlock the clone gets a nest inside
+    /// this one's, a checkpoint area inside this one's (or inside `scratch`, the engine's
+    /// scratch directory, for a spawned worker; none without checkpoints) and the plan that
+    /// isolates it; it keeps the uid. Without Landlock it shares this confinement.
+    pub fn for_clone(
+        self: &Arc<Self>,
+        sandbox: &Sandbox,
+        scratch: Option<&Path>,
+    ) -> Result<CloneConfinement, SpawnError> {
+        let Some(source_plan) = self.plan.as_ref().filter(|plan| plan.landlock) else {
+            return Ok(CloneConfinement {
+                confinement: self.clone(),
+                plan: None,
+                copies: false,
+            });
+        };
+        if self.generation >= MAX_CLONE_GENERATIONS {
+            return Err(SpawnError::CloneTooDeep {
+                limit: MAX_CLONE_GENERATIONS,
+            });
+        }
+        let name = sandbox.next_nest();
+        let nest = self.nest.join(&name);
+        let mut clone = Confinement {
+            uid: self.uid.clone(),
+            nest: nest.clone(),
+            checkpoints: None,
+            plan: None,
+            generation: self.generation + 1,
+            _source: Some(self.clone()),
+        };
+        make_worker_dirs(&nest, clone.uid())?;
+        if let Some(base) = self.checkpoints.as_deref().or(scratch) {
+            let area = base.join(format!("clone-{name}"));
+            DirBuilder::new()
+                .mode(0o711)
+                .create(&area)
+                .map_err(|source| SpawnError::Sandbox {
+                    reason: format!("create {}: {source}", area.display()),
+                })?;
+            clone.checkpoints = Some(area);
+        }
+        let own_work = text(&self.nest.join("work"));
+        // A client's cwd is the client's directory: the clone works there too.
+        let client_cwd = source_plan.cwd.clone().filter(|cwd| *cwd != own_work);
+        let cwd = client_cwd
+            .clone()
+            .unwrap_or_else(|| text(&nest.join("work")));
+        let mut write = vec![text(&nest)];
+        write.extend(clone.checkpoints.as_deref().map(text));
+        write.extend(client_cwd.clone());
+        // `work` is its uid's, in a nest only root can change: it cannot be swapped. A file
+        // the source makes after this look is copied before the clone is in its own leaf.
+        let copies = client_cwd.is_none() && !is_empty_dir(&self.nest.join("work"));
+        let plan = ClonePlan {
+            write: write.clone(),
+            cwd: cwd.clone(),
+            env: clone.env(),
+            copy_from: client_cwd.is_none().then_some(own_work),
+        };
+        clone.plan = Some(SandboxPlan {
+            write,
+            cwd: Some(cwd),
+            ..source_plan.clone()
+        });
+        Ok(CloneConfinement {
+            confinement: Arc::new(clone),
+            plan: Some(plan),
+            copies,
+        })
     }
 }
 
 impl Drop for Confinement {
     fn drop(&mut self) {
-        if let Some(uid) = self.uid {
-            if let Err(err) = kill_every_process_of(uid) {
-                // The uid stays leased: a survivor must never share it with the next worker.
-                tracing::error!(uid, error = %err, "cannot sweep a worker uid; it is retired");
-                let _ = fs::remove_dir_all(&self.root);
-                return;
-            }
-        }
-        let _ = fs::remove_dir_all(&self.root);
-        if let (Some(uid), Some(pool)) = (self.uid, &self.sandbox.uids) {
-            pool.release(uid);
+        // The uid first: when this is its last holder, whatever still runs under it is killed
+        // before the directories go. The source's (an Arc field) only after this one's.
+        drop(self.uid.take());
+        let _ = fs::remove_dir_all(&self.nest);
+        if let Some(area) = &self.checkpoints {
+            let _ = fs::remove_dir_all(area);
         }
     }
 }
@@ -271,237 +386,4 @@ pub fn probe_uid(python: &Path, script: &Path, uid: u32) -> Result<(), String> {
         output.status,
         String::from_utf8_lossy(&output.stderr).trim()
     ))
-}
-
-/// The uids of a range not leased to a live worker, and the claims on the ones that are.
-#[derive(Debug)]
-struct UidPool {
-    range: RangeInclusive<u32>,
-    claims: PathBuf,
-    state: Mutex<UidLeases>,
-}
-
-#[derive(Debug, Default)]
-struct UidLeases {
-    /// Not leased by this engine (another may hold some: its claim says so).
-    free: BTreeSet<u32>,
-    /// The claim of each uid leased.
-    held: HashMap<u32, UidClaim>,
-}
-
-impl UidPool {
-    /// The pool of `range`, claiming in `claims` (made 0700 if missing).
-    fn new(range: RangeInclusive<u32>, claims: PathBuf) -> io::Result<UidPool> {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&claims)
-            .map_err(|err| {
-                io::Error::new(err.kind(), format!("create {}: {err}", claims.display()))
-            })?;
-        Ok(UidPool {
-            state: Mutex::new(UidLeases {
-                free: range.clone().collect(),
-                held: HashMap::new(),
-            }),
-            range,
-            claims,
-        })
-    }
-
-    /// The lowest uid of the range no engine on the machine holds, claimed. A uid whose last
-    /// holder died without giving it back is swept before it is handed out.
-    fn lease(&self) -> Result<u32, SpawnError> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut claimed = None;
-        for &uid in &state.free {
-            if let Some(claim) = self.claim(uid)? {
-                claimed = Some((uid, claim));
-                break;
-            }
-        }
-        let (uid, claim) = claimed.ok_or(SpawnError::UidsExhausted {
-            first: *self.range.start(),
-            last: *self.range.end(),
-        })?;
-        state.free.remove(&uid);
-        state.held.insert(uid, claim);
-        Ok(uid)
-    }
-
-    /// Locks `uid`'s claim file; `None` when another engine holds it. The file holds the
-    /// holder's pid while it is held, and is emptied when the uid is given back, so a file
-    /// found not empty is a dead holder's: its survivors are killed first.
-    fn claim(&self, uid: u32) -> Result<Option<UidClaim>, SpawnError> {
-        let path = self.claims.join(uid.to_string());
-        let failed = |err: io::Error| SpawnError::Sandbox {
-            reason: format!("claim uid {uid} in {}: {err}", path.display()),
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(failed)?;
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let err = io::Error::last_os_error();
-            return match err.raw_os_error() {
-                Some(libc::EWOULDBLOCK) => Ok(None),
-                _ => Err(failed(err)),
-            };
-        }
-        let mut claim = UidClaim(file);
-        let mut previous = String::new();
-        claim.0.read_to_string(&mut previous).map_err(failed)?;
-        if !previous.is_empty() {
-            kill_every_process_of(uid).map_err(failed)?;
-        }
-        claim.0.set_len(0).map_err(failed)?;
-        claim
-            .0
-            .write_all(std::process::id().to_string().as_bytes())
-            .map_err(failed)?;
-        Ok(Some(claim))
-    }
-
-    /// Gives `uid` back, its processes swept: its claim is emptied and unlocked.
-    fn release(&self, uid: u32) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(claim) = state.held.remove(&uid) {
-            if let Err(err) = claim.0.set_len(0) {
-                tracing::warn!(uid, error = %err, "cannot empty a uid claim; its next holder sweeps it");
-            }
-        }
-        state.free.insert(uid);
-    }
-}
-
-/// A locked claim file. Dropping it unlocks the lock itself (`LOCK_UN` acts on the open file
-/// description, whoever else holds a copy of the descriptor), so the uid is free to every
-/// engine the moment it is given back or its pool is dropped.
-#[derive(Debug)]
-struct UidClaim(File);
-
-impl Drop for UidClaim {
-    fn drop(&mut self) {
-        // SAFETY: flock on the descriptor this claim owns.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
-    }
-}
-
-/// Kills every process running as `uid`: a forked helper takes the uid and sends SIGKILL to
-/// every process it may signal (which, as that uid, are exactly the uid's), until none is
-/// left or [`SWEEP_ROUNDS`] have passed.
-pub(crate) fn kill_every_process_of(uid: u32) -> io::Result<()> {
-    // SAFETY: the child makes raw syscalls only and leaves through _exit, as a fork of a
-    // multithreaded process must.
-    let pid = unsafe { libc::fork() };
-    match pid {
-        -1 => Err(io::Error::last_os_error()),
-        0 => unsafe {
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setresgid(uid, uid, uid) != 0
-                || libc::setresuid(uid, uid, uid) != 0
-            {
-                libc::_exit(2);
-            }
-            for _ in 0..SWEEP_ROUNDS {
-                // ESRCH: nothing of the uid is left (kill(-1) spares the caller).
-                if libc::kill(-1, libc::SIGKILL) != 0 {
-                    libc::_exit(0);
-                }
-                libc::sched_yield();
-            }
-            libc::_exit(0)
-        },
-        pid => {
-            let mut status = 0;
-            // SAFETY: waiting for the child just forked.
-            while unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
-                let err = io::Error::last_os_error();
-                if err.kind() != io::ErrorKind::Interrupted {
-                    return Err(err);
-                }
-            }
-            if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-                Ok(())
-            } else {
-                Err(io::Error::other(format!(
-                    "the sweeper of uid {uid} failed (wait status {status})"
-                )))
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_uid_is_leased_once_and_the_range_runs_out_with_a_typed_error() {
-        let claims = tempfile::tempdir().unwrap();
-        let pool = UidPool::new(61_990..=61_991, claims.path().into()).unwrap();
-        let (a, b) = (pool.lease().unwrap(), pool.lease().unwrap());
-        assert_ne!(a, b);
-        let err = pool.lease().unwrap_err();
-        assert!(matches!(
-            err,
-            SpawnError::UidsExhausted {
-                first: 61_990,
-                last: 61_991
-            }
-        ));
-        pool.release(a);
-        assert_eq!(pool.lease().unwrap(), a);
-    }
-
-    #[test]
-    fn two_engines_with_one_range_never_lease_the_same_uid() {
-        let claims = tempfile::tempdir().unwrap();
-        let first = UidPool::new(61_980..=61_982, claims.path().into()).unwrap();
-        let second = UidPool::new(61_980..=61_982, claims.path().into()).unwrap();
-        let (a, b) = (first.lease().unwrap(), second.lease().unwrap());
-        let c = first.lease().unwrap();
-        assert_eq!((a, b, c), (61_980, 61_981, 61_982));
-        assert!(matches!(
-            second.lease(),
-            Err(SpawnError::UidsExhausted { .. })
-        ));
-        // A uid given back is free for the other engine at once, even while a child that
-        // another test of this process forks holds a copy of the claim's descriptor; a
-        // dropped engine's claims go with it.
-        first.release(a);
-        assert_eq!(second.lease().unwrap(), a);
-        drop(first);
-        assert_eq!(second.lease().unwrap(), 61_982);
-    }
-
-    #[test]
-    fn a_uid_given_back_is_free_while_a_forked_child_holds_its_claims_descriptor() {
-        let claims = tempfile::tempdir().unwrap();
-        let pool = UidPool::new(61_970..=61_970, claims.path().into()).unwrap();
-        let uid = pool.lease().unwrap();
-        // SAFETY: the child only sleeps and leaves through _exit.
-        let child = unsafe { libc::fork() };
-        if child == 0 {
-            unsafe {
-                libc::sleep(30);
-                libc::_exit(0);
-            }
-        }
-        assert!(child > 0, "fork: {}", io::Error::last_os_error());
-        pool.release(uid);
-        let again = pool.lease();
-        // SAFETY: the child forked above, killed and reaped.
-        unsafe {
-            libc::kill(child, libc::SIGKILL);
-            libc::waitpid(child, std::ptr::null_mut(), 0);
-        }
-        assert_eq!(again.unwrap(), uid);
-    }
 }

@@ -191,10 +191,12 @@ export class HttpClient implements Client {
     const url = this.base.replace(/^http/, "ws") + `/v1/sessions/${encodeURIComponent(sessionId)}/ws`;
     const connection = new Connection(await WebSocketTransport.open(url, this.headers()));
     this.sockets.add(connection);
-    return new Session(connection, sessionId, created, async () => {
+    const files = { base: `${this.base}/v1/sessions/${encodeURIComponent(sessionId)}/files`, headers: this.headers() };
+    const closed = async () => {
       this.sockets.delete(connection);
       await connection.close();
-    });
+    };
+    return new Session(connection, sessionId, created, closed, files);
   }
 
   health(): Promise<Record<string, unknown>> {

@@ -13,6 +13,8 @@
 export { connect, defaultSocket, HttpClient, RpcClient } from "./client.js";
 export type { Backend, Client, ConnectOptions } from "./client.js";
 export { Session } from "./session.js";
+export { CHUNK_BYTES, SessionFiles } from "./files.js";
+export type { FileData } from "./files.js";
 export { PyvisorSandbox } from "./sandbox.js";
 export type { SandboxOptions, SandboxResult } from "./sandbox.js";
 export * from "./errors.js";

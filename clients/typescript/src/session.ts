@@ -8,6 +8,7 @@
 
 import type { Connection } from "./connection.js";
 import { ConnectionClosed, UnknownSession } from "./errors.js";
+import { SessionFiles, type FileRoutes } from "./files.js";
 import type {
   Checkpoint,
   Created,
@@ -20,6 +21,8 @@ import type {
 
 export class Session {
   private turn: Promise<unknown> = Promise.resolve();
+  /** The files of the session's work directory (`session.files.*`). */
+  readonly files: SessionFiles;
 
   constructor(
     private readonly connection: Connection,
@@ -28,7 +31,11 @@ export class Session {
     readonly created?: Created,
     /** Called after `close`, to end what the session owns (its WebSocket). */
     private readonly onClosed?: () => Promise<void>,
-  ) {}
+    /** The HTTP file routes, for a session of the HTTP client. */
+    fileRoutes?: FileRoutes,
+  ) {
+    this.files = new SessionFiles(connection, id, fileRoutes);
+  }
 
   /** Runs `code`; the result of docs/protocol.md `session.execute`, whatever its status. */
   run(code: string, options: RunOptions = {}): Promise<ExecutionResult> {

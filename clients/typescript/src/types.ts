@@ -17,6 +17,10 @@ export interface SessionOptions {
     processes?: number;
     timeout_s?: number;
     output_bytes?: number;
+    /** Largest file the files API writes. */
+    file_bytes?: number;
+    /** Most bytes of files the work directory may hold after an API write. */
+    disk_mb?: number;
   };
   proactive?: boolean;
   network?: boolean;
@@ -40,6 +44,15 @@ export interface ForkResult {
   sessions: { session_id: string; pid: number | null; name?: string }[];
   duration_ms: number;
   threads: number;
+}
+
+/** One entry of `session.files.list`. */
+export interface FileEntry {
+  name: string;
+  type: "file" | "dir";
+  size: number;
+  /** Seconds since the epoch. */
+  mtime: number;
 }
 
 /** One rich output (`display` of the result, `session.display`). */

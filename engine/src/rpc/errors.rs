@@ -2,7 +2,7 @@
 //! (docs/protocol.md).
 
 use pyvisor_actors::checkpoint::CheckpointError;
-use pyvisor_actors::{PoolError, SessionError, SupervisorError};
+use pyvisor_actors::{PoolError, SessionError, SpawnError, SupervisorError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
@@ -188,6 +188,10 @@ fn supervisor_code(err: &SupervisorError) -> i64 {
         SupervisorError::Pool(_) => code::ENGINE_ERROR,
         SupervisorError::UnknownSession { .. } => code::UNKNOWN_SESSION,
         SupervisorError::TooManySessions { .. } => code::LIMIT_EXCEEDED,
+        SupervisorError::Clone { source, .. } => match source.as_ref() {
+            SpawnError::CloneTooDeep { .. } => code::LIMIT_EXCEEDED,
+            _ => code::ENGINE_ERROR,
+        },
         SupervisorError::CloneNameTaken { .. } => code::INVALID_PARAMS,
         _ => code::ENGINE_ERROR,
     }
@@ -233,6 +237,14 @@ mod tests {
                 code::LIMIT_EXCEEDED,
             ),
             (SupervisorError::ShuttingDown.into(), code::SHUTTING_DOWN),
+            (
+                SupervisorError::Clone {
+                    session: "s-1".into(),
+                    source: std::sync::Arc::new(SpawnError::CloneTooDeep { limit: 15 }),
+                }
+                .into(),
+                code::LIMIT_EXCEEDED,
+            ),
             (
                 SessionError::CheckpointsOff {
                     session_id: "s-1".into(),

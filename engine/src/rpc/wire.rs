@@ -400,6 +400,11 @@ pub struct SandboxInfo {
     pub seccomp: bool,
     /// Whether it may open internet sockets.
     pub network: bool,
+    /// For a clone: what isolates it from its source and siblings (`"files"`, `"ptrace"`,
+    /// `"signals"`, `"abstract_sockets"`), empty when it shares their uid and directories;
+    /// absent for a session that is not a clone (or whose worker was replaced since).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_isolation: Option<Vec<String>>,
 }
 
 impl Default for SandboxInfo {
@@ -410,6 +415,7 @@ impl Default for SandboxInfo {
             landlock: None,
             seccomp: false,
             network: true,
+            clone_isolation: None,
         }
     }
 }

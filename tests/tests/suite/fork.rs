@@ -1,34 +1,23 @@
 //! `Session::fork` (docs/protocol.md `session.fork`) on real workers: clones start from the
 //! source's namespace and diverge, the source never sees a clone's change, a fork waits for a
 //! running execution, a killed clone comes back from its own checkpoints (the first one
-//! linking what its source had stored), threads are said to be gone, and the count and quota
-//! limits hold. A clone counts its executions on from its source's.
+//! linking what its source had stored), threads are said to be gone, and the count, quota and
+//! `max_total` limits hold, a clone running under its source's limits. A clone counts its
+//! executions on from its source's. Isolation between clones: fork_isolation.rs.
 
 use std::time::{Duration, Instant};
 
 use pyvisor::{
-    EngineConfig, EngineError, ExecuteRequest, ExecutionStatus, Quotas, Session, SessionOptions,
-    SupervisorError,
+    EngineConfig, EngineError, ExecuteRequest, ExecutionStatus, PoolConfig, PoolError, Quotas,
+    Session, SessionLimits, SessionOptions, SupervisorError,
 };
-use pyvisor_tests::{confined, engine_with, manual_checkpoints, run, within};
+use pyvisor_tests::{engine_with, manual_checkpoints, run, started, value, within};
 
 fn config() -> EngineConfig {
     EngineConfig {
         state: manual_checkpoints(),
         ..EngineConfig::default()
     }
-}
-
-/// The repr of `code`'s final expression in `session`.
-async fn value(session: &Session, code: &str) -> String {
-    let result = run(session, code).await;
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Ok,
-        "{code}: {:?}",
-        result.error
-    );
-    result.result.expect("a value").repr
 }
 
 /// One clone of `source`, once its first checkpoint (taken at the fork, in the background)
@@ -122,10 +111,12 @@ async fn a_fork_waits_for_the_running_execution_and_says_threads_are_gone() {
         "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n1",
     )
     .await;
-    let running = source
-        .execute(ExecuteRequest::new("time.sleep(0.3)\nstate = 'after'"))
-        .await
-        .unwrap();
+    // Under way in the worker before the fork is asked for.
+    let running = started(
+        &source,
+        ExecuteRequest::new("print('running', flush=True)\ntime.sleep(0.3)\nstate = 'after'"),
+    )
+    .await;
     let forked = within(source.fork(1, vec!["busy-clone".into()]))
         .await
         .unwrap();
@@ -235,6 +226,26 @@ async fn a_clones_first_checkpoint_links_what_its_source_had_stored() {
 }
 
 #[tokio::test]
+async fn the_source_checkpoints_again_after_a_fork_that_seeded_its_clone() {
+    let engine = engine_with(config()).await;
+    let source = engine
+        .create_session(SessionOptions::default())
+        .await
+        .unwrap();
+    // Each fork looks whether the source's last checkpoint is stored; the next checkpoint of
+    // the source then waits on that same turn, which the look must not have used up.
+    for round in 0..3 {
+        value(&source, &format!("n = {round}\n1")).await;
+        within(source.checkpoint()).await.unwrap();
+        let clone = checkpointed_clone(&source).await;
+        assert_eq!(value(&clone, "n").await, round.to_string());
+        within(clone.close()).await.unwrap();
+    }
+    within(source.checkpoint()).await.unwrap();
+    assert_eq!(value(&source, "n").await, "2");
+}
+
+#[tokio::test]
 async fn fork_counts_names_and_quotas_are_enforced() {
     let mut config = config();
     config.quotas = Quotas {
@@ -284,35 +295,42 @@ async fn fork_counts_names_and_quotas_are_enforced() {
 }
 
 #[tokio::test]
-async fn a_sandboxed_clone_shares_the_uid_and_outlives_its_source() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "uid separation is tested as root, as CI runs"
-    );
-    let config = confined(62_760);
+async fn clones_take_the_sources_limits_and_need_room_under_max_total() {
+    let mut config = config();
+    config.pool = PoolConfig {
+        min_idle: 0,
+        max_idle: 1,
+        max_total: 3,
+        ..PoolConfig::default()
+    };
     let engine = engine_with(config).await;
-    let source = engine
-        .create_session(SessionOptions::default())
-        .await
-        .unwrap();
-    let mine = "import os\n(os.getuid(), os.getcwd(), open('/proc/self/cgroup').read())";
-    let before = value(&source, mine).await;
-    let clone = within(source.fork(1, vec![]))
-        .await
-        .unwrap()
-        .sessions
-        .remove(0);
-    let cloned = value(&clone, mine).await;
-    let uid_and_dir = |repr: &str| repr.rsplit_once(", ").unwrap().0.to_owned();
-    assert_eq!(
-        uid_and_dir(&before),
-        uid_and_dir(&cloned),
-        "same uid and work directory"
+    let options = SessionOptions {
+        limits: Some(SessionLimits {
+            timeout: Duration::from_secs(1),
+            ..SessionLimits::default()
+        }),
+        ..SessionOptions::default()
+    };
+    let source = engine.create_session(options).await.unwrap();
+    value(&source, "import time\n1").await;
+    // Three clones and the source would be four workers: refused whole, nothing taken.
+    let err = source.fork(3, vec![]).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Supervisor(SupervisorError::Pool(PoolError::Exhausted {
+                max_total: 3,
+                ..
+            }))
+        ),
+        "{err}"
     );
-    assert_ne!(before, cloned, "a cgroup of its own");
-    source.close().await.unwrap();
-    value(&clone, "open('still-here', 'w').write('yes')").await;
-    assert_eq!(value(&clone, "open('still-here').read()").await, "'yes'");
+    let forked = within(source.fork(2, vec![])).await.unwrap();
+    assert_eq!(forked.sessions.len(), 2);
+    // A clone runs under its source's limits: the 1 s timeout, not the default 30 s.
+    let slow = run(&forked.sessions[0], "time.sleep(30)").await;
+    assert_eq!(slow.status, ExecutionStatus::Timeout);
+    assert_eq!(value(&forked.sessions[1], "1 + 1").await, "2");
 }
 
 /// The pids of `pid`'s children that are zombies (exited, not reaped).

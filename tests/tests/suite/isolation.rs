@@ -7,7 +7,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use pyvisor::{EngineConfig, ExecutionStatus, SandboxConfig, Session, SessionOptions};
-use pyvisor_tests::{confined, engine_with, run, state_dir, PYTHON};
+use pyvisor_tests::{attack, confined, engine_with, run, state_dir, value, PYTHON};
 
 async fn session(engine: &pyvisor::Engine, network: Option<bool>) -> Session {
     let options = SessionOptions {
@@ -18,27 +18,6 @@ async fn session(engine: &pyvisor::Engine, network: Option<bool>) -> Session {
         .create_session(options)
         .await
         .expect("session starts")
-}
-
-/// Runs `code`, which must end with an expression, and returns its repr.
-async fn value(session: &Session, code: &str) -> String {
-    let result = run(session, code).await;
-    assert_eq!(
-        result.status,
-        ExecutionStatus::Ok,
-        "{code}: {:?} {:?}",
-        result.error,
-        result.stderr
-    );
-    result.result.expect("a value").repr
-}
-
-/// Runs `attack` in a try block; returns the errno name it failed with, or "none".
-async fn attack(session: &Session, attack: &str) -> String {
-    let code = format!(
-        "import errno\ntry:\n    {attack}\n    _outcome = 'none'\nexcept OSError as e:\n    _outcome = errno.errorcode.get(e.errno, str(e))\n_outcome"
-    );
-    value(session, &code).await.trim_matches('\'').to_owned()
 }
 
 /// The layers under test need root and an interpreter every uid can read: without them the

@@ -12,6 +12,7 @@ mod concurrency;
 mod containment;
 mod durability;
 mod fork;
+mod fork_isolation;
 mod host_killed;
 mod interrupts_and_crashes;
 mod isolation;

@@ -74,6 +74,7 @@ pub(super) async fn session_info(session: &Session) -> Result<wire::SessionInfo,
                 landlock: applied.landlock.map(|abi| format!("abi {abi}")),
                 seccomp: applied.seccomp,
                 network: applied.network,
+                clone_isolation: applied.clone_isolation,
             })
             .unwrap_or_default(),
         containment: snapshot.containment.map(str::to_owned),
