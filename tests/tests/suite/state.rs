@@ -173,8 +173,15 @@ async fn code_written_to_a_worker_that_dies_before_reading_it_runs_on_the_restor
     run(&session, "n = 1").await;
     let saved = within(session.checkpoint()).await.unwrap();
     let pid = session.info().await.unwrap().pid.unwrap();
-    // Stopped, the worker is alive when the code is written to it, and never reads it.
+    // Stopped, the worker is alive when the code is written to it, and never reads it. A
+    // SIGSTOP lands when the process next enters the kernel: wait until it has.
     kill(Pid::from_raw(pid as i32), Signal::SIGSTOP).unwrap();
+    within(async {
+        while !main_thread_stopped(pid) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
     let execution = session.execute("n + 1").await.unwrap();
     within(async {
         while unread_request_bytes(pid) == 0 {
@@ -191,6 +198,14 @@ async fn code_written_to_a_worker_that_dies_before_reading_it_runs_on_the_restor
         .expect("the result says the session recovered");
     assert_eq!(recovered.checkpoint_id, Some(saved.checkpoint_id));
     assert_eq!(recovered.lost_executions, 0);
+}
+
+/// Whether the main thread of process `pid` (the one that reads the requests) is stopped.
+fn main_thread_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    })
 }
 
 /// The bytes waiting in the request pipe (fd 3) of worker `pid`.
