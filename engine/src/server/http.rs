@@ -6,9 +6,10 @@
 //! [`HttpServer::start`] runs actix-web on an actix System on a thread of its own, so the
 //! rest of the daemon may use any runtime. actix-server's own signal handling is off: the
 //! daemon decides when to stop and calls [`HttpServer::stop`]. The REST handlers live in
-//! `routes`, the streamed execution in `stream`, the WebSocket connection in `ws`, the file
-//! routes in `files`.
+//! `routes`, the streamed execution in `stream` (the bridge of a forwarded one in `bridge`),
+//! the WebSocket connection in `ws`, the file routes in `files`.
 
+mod bridge;
 mod files;
 mod guard;
 mod memory;
@@ -99,6 +100,8 @@ struct State {
     metrics: Option<PrometheusHandle>,
     ready: Arc<AtomicBool>,
     shutdown: watch::Receiver<bool>,
+    /// The streamed answers whose `bridge.llm` requests another node relays.
+    bridges: Arc<bridge::Bridges>,
 }
 
 impl HttpServer {
@@ -129,6 +132,7 @@ impl HttpServer {
             metrics: options.metrics,
             ready: options.ready,
             shutdown: shutdown_rx,
+            bridges: Arc::default(),
         });
         let (addr, max_connections) = (options.addr, options.max_connections);
         let (bound_tx, bound_rx) = std::sync::mpsc::channel();

@@ -17,6 +17,7 @@ mod cli_task;
 mod client;
 mod client_llm;
 mod cluster;
+mod cluster_client_llm;
 mod cluster_failover;
 mod cluster_forward;
 mod cluster_haproxy;
