@@ -304,8 +304,8 @@ async fn a_bridged_stream_of_the_holder_takes_answers_for_its_own_call_and_sessi
     let last = next_line(&mut plain, &mut Vec::new()).await;
     assert_eq!(last["result"]["result"]["repr"], "2", "{last}");
 
-    let mut response =
-        bridged_execution(&pair, &session, Some("node-b"), "llm_query('direct')").await;
+    let code = "(llm_query('direct'), llm_query('second'))";
+    let mut response = bridged_execution(&pair, &session, Some("node-b"), code).await;
     let stream = (response.headers().get("x-pyvisor-bridge-stream"))
         .and_then(|id| id.to_str().ok())
         .expect("the stream's id")
@@ -326,14 +326,24 @@ async fn a_bridged_stream_of_the_holder_takes_answers_for_its_own_call_and_sessi
 
     let (status, body) = post_answer(&pair, &session, ADMIN, Some("node-b"), &reply).await;
     assert_eq!((status, &body), (200, &json!({"answered": true})));
+    // The code now waits for its second call, so the stream is open: the first is answered
+    // once.
     let (status, body) = post_answer(&pair, &session, ADMIN, Some("node-b"), &reply).await;
     assert_eq!(
         (status, &body),
         (200, &json!({"answered": false})),
         "answered once"
     );
+    let second = next_line(&mut response, &mut pending).await;
+    assert_eq!(second["params"]["prompts"], json!(["second"]), "{second}");
+    let reply = json!({"stream": stream, "call_id": second["id"], "result": {"answers": ["2nd"]}});
+    let (status, body) = post_answer(&pair, &session, ADMIN, Some("node-b"), &reply).await;
+    assert_eq!((status, &body), (200, &json!({"answered": true})));
     let last = next_line(&mut response, &mut pending).await;
-    assert_eq!(last["result"]["result"]["repr"], "'direct'", "{last}");
+    assert_eq!(
+        last["result"]["result"]["repr"], "('direct', '2nd')",
+        "{last}"
+    );
     // Once the answer has ended, its stream is gone.
     let (status, body) = post_answer(&pair, &session, ADMIN, Some("node-b"), &reply).await;
     assert_eq!(status, 400, "{body}");
