@@ -95,14 +95,13 @@ fn failed(what: &'static str) -> impl Fn(tokio_postgres::Error) -> ClusterError 
 }
 
 /// Uploads checkpoint `id` of the local store's session `writer.key` as the session's latest
-/// in the shared store, under `writer.epoch`. `base` is the session's execution count, across
-/// nodes, when this node's engine took it over (0 for a session created here).
+/// in the shared store, under `writer.epoch`, with its execution count (the session's, across
+/// nodes: an engine that took the session over counts on from the checkpoint it restored).
 pub async fn upload(
     store: &Store,
     local: &CheckpointStore,
     writer: Writer<'_>,
     id: CheckpointId,
-    base: u64,
 ) -> Result<Uploaded, ClusterError> {
     let checkpoint_id = id.to_string();
     let fail = |message: String| ClusterError::Checkpoint {
@@ -126,7 +125,7 @@ pub async fn upload(
     let outcome = async {
         let hashes = hashes.map_err(fail)?;
         let manifest = Manifest {
-            execution_count: base + loaded.info.meta.execution_count,
+            execution_count: loaded.info.meta.execution_count,
             names_saved: loaded.info.meta.names_saved.clone(),
             names_lost: loaded.info.meta.names_lost.clone(),
             groups: (loaded.groups.iter().zip(&hashes))
@@ -354,10 +353,10 @@ pub async fn download(
             source: GroupSource::File(path),
         });
     }
-    // The local session counts its executions from this checkpoint on; the node adds the
-    // count up to it.
+    // The session restored from it counts its executions on from its count.
+    let execution_count = u64::try_from(row.get::<_, i64>(2)).unwrap_or(0);
     let meta = CheckpointMeta {
-        execution_count: 0,
+        execution_count,
         names_saved: manifest.names_saved.clone(),
         names_lost: manifest.names_lost.clone(),
     };
@@ -382,7 +381,7 @@ pub async fn download(
     Ok(Some(Downloaded {
         checkpoint_id,
         node_id: row.get(1),
-        execution_count: u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
+        execution_count,
         local_id: saved.id,
     }))
 }

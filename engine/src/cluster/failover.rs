@@ -93,7 +93,6 @@ impl Node {
             Holding {
                 epoch: claim.epoch,
                 key: key.clone(),
-                base: 0,
                 count: 0,
                 uploaded: None,
                 restoring: true,
@@ -117,9 +116,10 @@ impl Node {
                 return Err(err);
             }
         };
+        // The execution count the session comes back to: its restored engine counts on from it.
         let base = downloaded.as_ref().map_or(0, |d| d.execution_count);
         if let Some(holding) = self.lock_held().get_mut(session_id) {
-            holding.base = base;
+            holding.count = base;
             holding.uploaded = downloaded.as_ref().map(|d| d.local_id.sequence());
             holding.restoring = false;
         }
@@ -157,6 +157,7 @@ impl Node {
         let recovered = Recovered {
             checkpoint_id: downloaded.as_ref().map(|d| d.checkpoint_id.clone()),
             lost_executions: reported.saturating_sub(base),
+            execution_count: Some(base),
             fresh_namespace: downloaded.is_none(),
             // What the dead holder acknowledged after its last heartbeat is not counted; with
             // replies sent after their checkpoint is in the store, nothing acknowledged is lost.

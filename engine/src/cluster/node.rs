@@ -65,9 +65,8 @@ pub(super) struct Holding {
     pub(super) epoch: i64,
     /// Its key in the local checkpoint store.
     pub(super) key: String,
-    /// Executions of the session, across nodes, before this node's engine took it over.
-    pub(super) base: u64,
-    /// Executions this node's engine ran in it.
+    /// The session's execution count, across nodes: the engine's count, which goes on from
+    /// the checkpoint's a take-over restored.
     pub(super) count: u64,
     /// The local checkpoint last uploaded (its sequence).
     pub(super) uploaded: Option<u64>,
@@ -178,7 +177,6 @@ impl Node {
             Holding {
                 epoch,
                 key,
-                base: 0,
                 count: 0,
                 uploaded: None,
                 restoring: false,
@@ -245,7 +243,7 @@ impl Node {
             .map(|(id, holding)| Held {
                 session_id: id.clone(),
                 epoch: holding.epoch,
-                execution_count: (holding.base + holding.count) as i64,
+                execution_count: holding.count as i64,
             })
             .collect();
         let sent = Instant::now();

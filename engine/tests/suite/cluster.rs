@@ -57,18 +57,18 @@ async fn an_unreachable_store_is_a_clear_error() {
 }
 
 /// Uploads, as `node_id` under `epoch`, a checkpoint of session `s-1` holding `payload`,
-/// taken after 3 executions of an engine that took the session over after `base`.
+/// taken after its execution `execution_count`.
 async fn upload(
     store: &Store,
     node_id: &str,
     epoch: i64,
     payload: &[u8],
-    base: u64,
+    execution_count: u64,
 ) -> Result<checkpoints::Uploaded, ClusterError> {
     let dir = tempfile::tempdir().expect("temp dir");
     let local = CheckpointStore::open(CheckpointStoreConfig::new(dir.path())).expect("a store");
     let meta = CheckpointMeta {
-        execution_count: 3,
+        execution_count,
         ..CheckpointMeta::default()
     };
     let saved = local
@@ -80,7 +80,7 @@ async fn upload(
         node_id,
         epoch,
     };
-    checkpoints::upload(store, &local, writer, saved.id, base).await
+    checkpoints::upload(store, &local, writer, saved.id).await
 }
 
 #[tokio::test]
@@ -130,7 +130,7 @@ async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
     assert!(renewed.is_empty(), "node A no longer holds s-1");
 
     // ...and its checkpoint, written under epoch 1, is refused.
-    match upload(&store, "node-a", epoch_a, b"stale state of node A", 0).await {
+    match upload(&store, "node-a", epoch_a, b"stale state of node A", 5).await {
         Err(ClusterError::Fenced { epoch, .. }) => assert_eq!(epoch, 1),
         other => panic!("a stale write must be fenced, got {other:?}"),
     }
@@ -149,7 +149,7 @@ async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
     assert!(directory::is_fenced(&raw), "{raw}");
 
     // The new holder writes under epoch 2, and that is what a later claim restores.
-    upload(&store, "node-b", claim.epoch, b"state of node B", 10)
+    upload(&store, "node-b", claim.epoch, b"state of node B", 13)
         .await
         .expect("the holder's write is taken");
     let dir_c = tempfile::tempdir().expect("temp dir");
@@ -160,14 +160,15 @@ async fn a_paused_holders_stale_checkpoint_is_refused_by_the_store() {
         .expect("download")
         .expect("the store has a checkpoint");
     assert_eq!(downloaded.node_id, "node-b");
-    assert_eq!(
-        downloaded.execution_count, 13,
-        "10 before node B's engine, 3 after"
-    );
+    assert_eq!(downloaded.execution_count, 13, "{downloaded:?}");
     let loaded = local_c
         .load("id:s-1", None)
         .expect("the checkpoint is local now");
     assert_eq!(loaded.payload, b"state of node B");
+    assert_eq!(
+        loaded.info.meta.execution_count, 13,
+        "the session restored from it counts on from its count"
+    );
 }
 
 /// Alice's session `session_id`, to register under `quota`.
