@@ -22,6 +22,7 @@ mod cluster_failover;
 mod cluster_forward;
 mod cluster_haproxy;
 mod cluster_memory;
+mod cluster_store;
 mod config_check;
 mod daemon_cli;
 mod docs;

@@ -1,0 +1,130 @@
+//! The store under real daemons (docs/cluster.md): two nodes started at once against an empty
+//! database both come up, the schema applied once; and a PostgreSQL stopped and started again
+//! under a node: the node says so in `/readyz`, registers no new session, stops serving its
+//! sessions once it can no longer prove it holds them, and serves them again, as they were,
+//! once the store is back.
+
+use std::time::{Duration, Instant};
+
+use pyvisor::cluster::migrations;
+use pyvisor::loadtest::postgres::Postgres;
+use serde_json::{json, Value};
+
+use crate::cluster::{execute, free_port, node_config_with};
+use crate::common::postgres::{self, until};
+use crate::common::{http_get, Daemon};
+
+#[tokio::test]
+async fn two_daemons_started_together_on_an_empty_store_both_serve() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let start = |id: &'static str| {
+        let home = homes.path().join(id);
+        let config = node_config_with(&home, &db, id, "http://127.0.0.1:9", "");
+        async move {
+            let args = ["--config", config.to_str().expect("a UTF-8 path")];
+            Daemon::start_in(&home, &args, &[]).await
+        }
+    };
+    let (node_a, node_b) = tokio::join!(start("node-a"), start("node-b"));
+    for node in [&node_a, &node_b] {
+        let mut conn = node.connect().await;
+        let created = conn.call("session.create", json!({"owner": "alice"})).await;
+        assert!(created["session_id"].is_string(), "{created}");
+    }
+    let versions: Vec<i32> = (db.connect().await)
+        .query("SELECT version FROM pyvisor_schema ORDER BY version", &[])
+        .await
+        .expect("read the schema versions")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let expected: Vec<i32> = (1..=migrations::latest()).collect();
+    assert_eq!(versions, expected, "each migration applied once");
+    let status = (node_a.connect().await)
+        .call("cluster.status", json!({}))
+        .await;
+    assert_eq!(
+        status["nodes"].as_array().map(Vec::len),
+        Some(2),
+        "{status}"
+    );
+    assert_eq!(status["sessions"], 2, "{status}");
+}
+
+#[tokio::test]
+async fn a_store_stopped_and_started_again_under_a_node_finds_its_sessions_as_they_were() {
+    let mut server = Postgres::start().unwrap_or_else(|err| panic!("{err}"));
+    server
+        .create_database("pyvisor")
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
+    let db = postgres::Database {
+        socket_dir: server.socket_dir().to_owned(),
+        name: "pyvisor".into(),
+    };
+    let home = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let config = node_config_with(home.path(), &db, "node-a", &format!("http://{addr}"), "");
+    let args = ["--config", config.to_str().unwrap(), "--http", &addr];
+    let node = Daemon::start_in(home.path(), &args, &[]).await;
+    let mut conn = node.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    let set = execute(&node, &session, "alice", "x = 1").await;
+    assert_eq!(set["result"]["status"], "ok", "{set}");
+    until("the node is ready", || async {
+        http_get(port, "/readyz", None).await.0 == 200
+    })
+    .await;
+
+    server.stop();
+    until("/readyz says the store is unreachable", || async {
+        let (status, body) = http_get(port, "/readyz", None).await;
+        status == 503 && body.contains("store unreachable")
+    })
+    .await;
+    let refused = conn
+        .error_code("session.create", json!({"owner": "alice"}))
+        .await;
+    assert_eq!(
+        refused, -32000,
+        "no session is registered without the store"
+    );
+    let mut answer = Value::Null;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while answer["error"]["code"] != -32008 {
+        assert!(Instant::now() < deadline, "the node kept serving: {answer}");
+        answer = execute(&node, &session, "alice", "x").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("lease"), "{answer}");
+
+    // The same server, on the same data, started again: nobody took the session meanwhile.
+    server
+        .start_again()
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let back = loop {
+        let answer = execute(&node, &session, "alice", "x").await;
+        if answer["error"].is_null() {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "never served again: {answer}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(back["result"]["result"]["repr"], "1", "{back}");
+    assert!(
+        back["result"]["recovered"].is_null(),
+        "the same worker: {back}"
+    );
+    until("the node is ready again", || async {
+        http_get(port, "/readyz", None).await.0 == 200
+    })
+    .await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    assert!(created["session_id"].is_string(), "{created}");
+}
