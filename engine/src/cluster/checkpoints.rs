@@ -288,6 +288,35 @@ pub async fn download(
     session_id: &str,
     key: &str,
 ) -> Result<Option<Downloaded>, ClusterError> {
+    match fetch(store, scratch, session_id).await? {
+        Some(fetched) => Ok(Some(fetched.save(local, key).await?)),
+        None => Ok(None),
+    }
+}
+
+/// The shared store's latest checkpoint of a session, its blobs written (and checked) in a
+/// private directory, not yet in the local store: [`Fetched::save`] puts it there, without
+/// the store.
+pub struct Fetched {
+    session_id: String,
+    checkpoint_id: String,
+    node_id: String,
+    execution_count: u64,
+    meta: CheckpointMeta,
+    payload: Vec<u8>,
+    groups: Vec<NewGroup>,
+    /// Holds the blob files until the local store takes them in.
+    dir: tempfile::TempDir,
+}
+
+/// The first half of [`download`]: the shared store's latest checkpoint of `session_id`,
+/// its blobs written under `scratch`; `None` when the store has none. The store's
+/// connection is held for this half only.
+pub async fn fetch(
+    store: &Store,
+    scratch: &Path,
+    session_id: &str,
+) -> Result<Option<Fetched>, ClusterError> {
     let client = store.client().await?;
     let Some(row) = client
         .query_opt(
@@ -360,30 +389,67 @@ pub async fn download(
         names_saved: manifest.names_saved.clone(),
         names_lost: manifest.names_lost.clone(),
     };
-    let (local, key) = (local.clone(), key.to_owned());
-    let saved = tokio::task::spawn_blocking(move || {
-        let saved = local.save_checkpoint(
-            &key,
-            NewCheckpoint {
-                meta: &meta,
-                payload: &payload,
-                groups: &groups,
-                max_state_bytes: u64::MAX,
-                seed: None,
-            },
-        );
-        drop(dir);
-        saved
-    })
-    .await
-    .map_err(|err| fail(err.to_string()))?
-    .map_err(|err| fail(format!("save it locally: {err}")))?;
-    Ok(Some(Downloaded {
+    Ok(Some(Fetched {
+        session_id: session_id.to_owned(),
         checkpoint_id,
         node_id: row.get(1),
         execution_count,
-        local_id: saved.id,
+        meta,
+        payload,
+        groups,
+        dir,
     }))
+}
+
+impl Fetched {
+    /// Makes it the newest checkpoint of the local store's session `key` (the blobs' fsyncs
+    /// are here: the part of a download that needs no store connection).
+    pub async fn save(
+        self,
+        local: &CheckpointStore,
+        key: &str,
+    ) -> Result<Downloaded, ClusterError> {
+        let Fetched {
+            session_id,
+            checkpoint_id,
+            node_id,
+            execution_count,
+            meta,
+            payload,
+            groups,
+            dir,
+        } = self;
+        let (local, key) = (local.clone(), key.to_owned());
+        let saved = tokio::task::spawn_blocking(move || {
+            let saved = local.save_checkpoint(
+                &key,
+                NewCheckpoint {
+                    meta: &meta,
+                    payload: &payload,
+                    groups: &groups,
+                    max_state_bytes: u64::MAX,
+                    seed: None,
+                },
+            );
+            drop(dir);
+            saved
+        })
+        .await;
+        let fail = |message: String| ClusterError::Checkpoint {
+            session_id: session_id.clone(),
+            checkpoint: checkpoint_id.clone(),
+            message,
+        };
+        let saved = saved
+            .map_err(|err| fail(err.to_string()))?
+            .map_err(|err| fail(format!("save it locally: {err}")))?;
+        Ok(Downloaded {
+            checkpoint_id,
+            node_id,
+            execution_count,
+            local_id: saved.id,
+        })
+    }
 }
 
 /// The XXH3-128 of the first `bytes` bytes of `path`, in hexadecimal.
@@ -423,7 +489,7 @@ fn write_blob(path: &Path, chunks: &[Vec<u8>]) -> io::Result<(String, u64)> {
         bytes += data.len() as u64;
         file.write_all(&data)?;
     }
-    file.sync_all()?;
+    // No fsync here: the local store fsyncs each blob as it takes it in.
     Ok((format!("{:032x}", hasher.digest128()), bytes))
 }
 

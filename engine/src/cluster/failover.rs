@@ -5,8 +5,8 @@
 //! down into the local store, and the engine starts the session under the same id from it;
 //! its next result says what it came back with ([`Recovered`]). Two requests for one session
 //! wait for one take-over, and take-overs of different sessions run side by side, up to
-//! [`TAKE_OVERS_AT_ONCE`] at once with the store (the session's start runs outside that
-//! bound). A request that finds the holder unreachable before its lease ran out waits for the
+//! [`TAKE_OVERS_AT_ONCE`] at once with the store (the checkpoint's local save and the
+//! session's start run outside that bound). A request that finds the holder unreachable before its lease ran out waits for the
 //! lease to run out rather than being refused ([`Node::wait_out_lease`]).
 
 use std::collections::HashMap;
@@ -104,10 +104,22 @@ impl Node {
         let claimed = Instant::now();
         let downloaded = match self.engine.checkpoint_store() {
             Some((local, scratch)) => {
-                let download = checkpoints::download(&self.store, local, scratch, session_id, &key);
+                let download = async {
+                    let fetched = checkpoints::fetch(&self.store, scratch, session_id).await?;
+                    // The store's part is done: the local save (its fsyncs) and the session's
+                    // start run beside the other take-overs.
+                    drop(slot);
+                    match fetched {
+                        Some(fetched) => fetched.save(local, &key).await.map(Some),
+                        None => Ok(None),
+                    }
+                };
                 metrics::timed("download", download).await
             }
-            None => Ok(None),
+            None => {
+                drop(slot);
+                Ok(None)
+            }
         };
         let downloaded = match downloaded {
             Ok(downloaded) => downloaded,
@@ -123,9 +135,6 @@ impl Node {
             holding.uploaded = downloaded.as_ref().map(|d| d.local_id.sequence());
             holding.restoring = false;
         }
-        // The store's part is done: the session's start (a worker, the restore) runs beside
-        // the other take-overs, as many as the pool can start at once.
-        drop(slot);
         let restoring = Instant::now();
         let options = SessionOptions {
             name: entry.name.clone(),
