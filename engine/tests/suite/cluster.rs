@@ -357,13 +357,8 @@ async fn a_name_taken_on_one_node_is_taken_on_every_node() {
     );
 }
 
-/// A cluster node's config: the store, its id, a short lease, one warm worker, and an
-/// advertised URL where nothing listens.
-fn node_config(home: &Path, db: &postgres::Database, node_id: &str) -> std::path::PathBuf {
-    advertised_node_config(home, db, node_id, "http://127.0.0.1:9")
-}
-
-/// [`node_config`] with the URL where other nodes reach this one.
+/// A cluster node's config: the store, its id, a short lease, one warm worker, and the URL
+/// where other nodes reach it.
 pub(crate) fn advertised_node_config(
     home: &Path,
     db: &postgres::Database,
@@ -540,74 +535,6 @@ async fn a_session_of_a_killed_node_comes_back_on_another_with_its_state() {
         .request("cluster.status", json!({"owner": "alice"}))
         .await;
     assert_eq!(refused["error"]["code"], -32007, "{refused}");
-}
-
-#[tokio::test]
-async fn a_node_cut_off_from_its_store_stops_serving_until_the_store_is_back() {
-    let db = postgres::database().await;
-    let home = tempfile::tempdir().expect("temp dir");
-    // The node reaches the store through a link to its socket, which the test can cut.
-    let (via_link, link) = db.through_link(&home.path().join("link"));
-    let config = node_config(&home.path().join("a"), &via_link, "node-a");
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let args = ["--config", config.to_str().unwrap(), "--http", &addr];
-    let node = Daemon::start_in(&home.path().join("a"), &args, &[]).await;
-    let mut conn = node.connect().await;
-    let created = conn.call("session.create", json!({"owner": "alice"})).await;
-    let session = created["session_id"].as_str().expect("an id").to_owned();
-    let set = execute(&node, &session, "alice", "x = 1").await;
-    assert_eq!(set["result"]["status"], "ok", "{set}");
-    until("the node is ready", || async {
-        http_get(port, "/readyz", None).await.0 == 200
-    })
-    .await;
-
-    // Cut the node off: no new connection, and its open ones ended.
-    link.cut(&db).await;
-    until("/readyz says the store is unreachable", || async {
-        let (status, body) = http_get(port, "/readyz", None).await;
-        status == 503 && body.contains("store unreachable")
-    })
-    .await;
-    let mut refused = Value::Null;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while refused["error"]["code"] != -32008 {
-        assert!(
-            Instant::now() < deadline,
-            "the node kept serving: {refused}"
-        );
-        refused = execute(&node, &session, "alice", "x").await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        refused["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("lease"),
-        "{refused}"
-    );
-
-    // The store is back and nobody took the session: the node serves it again, as it was.
-    link.restore();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let back = loop {
-        let answer = execute(&node, &session, "alice", "x").await;
-        if answer["error"].is_null() {
-            break answer;
-        }
-        assert!(Instant::now() < deadline, "never served again: {answer}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(back["result"]["result"]["repr"], "1", "{back}");
-    assert!(
-        back["result"]["recovered"].is_null(),
-        "the same worker: {back}"
-    );
-    until("the node is ready again", || async {
-        http_get(port, "/readyz", None).await.0 == 200
-    })
-    .await;
 }
 
 #[tokio::test]
