@@ -26,8 +26,16 @@ async fn two_nodes_starting_together_migrate_an_empty_store_once() {
     let (a, b) = tokio::join!(Store::open(&config), Store::open(&config));
     a.expect("the first node opens the store");
     b.expect("the second node opens the store");
-    let client = db.connect().await;
-    let versions: Vec<i32> = client
+    each_migration_applied_once(&db).await;
+    // A third node, later, finds nothing to do.
+    Store::open(&db.config())
+        .await
+        .expect("a later node opens the migrated store");
+}
+
+/// Checks that the store `db` lists every migration applied, each once.
+pub(crate) async fn each_migration_applied_once(db: &postgres::Database) {
+    let versions: Vec<i32> = (db.connect().await)
         .query("SELECT version FROM pyvisor_schema ORDER BY version", &[])
         .await
         .expect("read the schema versions")
@@ -36,10 +44,6 @@ async fn two_nodes_starting_together_migrate_an_empty_store_once() {
         .collect();
     let expected: Vec<i32> = (1..=migrations::latest()).collect();
     assert_eq!(versions, expected, "each migration applied exactly once");
-    // A third node, later, finds nothing to do.
-    Store::open(&db.config())
-        .await
-        .expect("a later node opens the migrated store");
 }
 
 #[tokio::test]

@@ -7,11 +7,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pyvisor::cluster::migrations;
 use pyvisor::loadtest::postgres::Postgres;
 use serde_json::{json, Value};
 
-use crate::cluster::{execute, free_port, node_config_with};
+use crate::cluster::{each_migration_applied_once, execute, free_port, node_config_with};
 use crate::common::postgres::{self, until};
 use crate::common::{http_get, Conn, Daemon};
 
@@ -33,15 +32,7 @@ async fn two_daemons_started_together_on_an_empty_store_both_serve() {
         let created = conn.call("session.create", json!({"owner": "alice"})).await;
         assert!(created["session_id"].is_string(), "{created}");
     }
-    let versions: Vec<i32> = (db.connect().await)
-        .query("SELECT version FROM pyvisor_schema ORDER BY version", &[])
-        .await
-        .expect("read the schema versions")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    let expected: Vec<i32> = (1..=migrations::latest()).collect();
-    assert_eq!(versions, expected, "each migration applied once");
+    each_migration_applied_once(&db).await;
     let status = (node_a.connect().await)
         .call("cluster.status", json!({}))
         .await;
