@@ -207,6 +207,12 @@ pub struct Recovered {
     /// Executions that ran after that checkpoint (or, with a fresh namespace, since the
     /// session began), whose effects are gone (the one that crashed included).
     pub lost_executions: u64,
+    /// The execution count the session came back to: that of the checkpoint (0, or the
+    /// count of an earlier fresh start, with a fresh namespace). Every execution a client
+    /// was told of with a higher count, before this result, is lost: the exact loss, when
+    /// `lost_executions` is only a lower bound. `None` from an engine too old to say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_count: Option<u64>,
     /// The session's names are all gone: it starts again from an empty namespace.
     #[serde(default)]
     pub fresh_namespace: bool,

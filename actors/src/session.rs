@@ -175,6 +175,9 @@ impl SessionActor {
         let durability = Durability::new(setup.state.is_some());
         let proactive = setup.proactive.clone().map(proactive::Proactive::new);
         let events = setup.events.clone();
+        let execution_count = (setup.state.as_ref())
+            .filter(|state| state.restore_on_start)
+            .map_or(0, |state| state.counted_from);
         Self {
             session_id,
             setup,
@@ -183,7 +186,7 @@ impl SessionActor {
             worker: None,
             generation: 0,
             queue: VecDeque::new(),
-            execution_count: 0,
+            execution_count,
             restarts: 0,
             kill_reason: None,
             closers: Vec::new(),

@@ -162,14 +162,14 @@ impl RegistryActor {
         Some(Box::new(spec))
     }
 
-    /// Registers a session around a leased worker and starts its actor; `on_disk` says
-    /// whether the session's name has checkpoints to come back from.
+    /// Registers a session around a leased worker and starts its actor; `on_disk` is the
+    /// execution count of the newest checkpoint the session has to come back from, if any.
     fn start_session(
         &mut self,
         lease: Lease,
         options: SessionOptions,
         spec: Option<Box<WorkerSpec>>,
-        on_disk: bool,
+        on_disk: Option<u64>,
         ctx: &mut Context<Self>,
     ) -> Result<SessionHandle, SupervisorError> {
         if self.stopping {
@@ -191,7 +191,8 @@ impl RegistryActor {
             ),
             policy: state.policy,
             scratch: state.scratch.clone(),
-            restore_on_start: on_disk,
+            restore_on_start: on_disk.is_some(),
+            counted_from: on_disk.unwrap_or(0),
             max_bytes: state.max_bytes.unwrap_or_else(|| {
                 let limits = options.limits.as_ref().unwrap_or(&self.config.limits);
                 limits
@@ -289,7 +290,7 @@ impl RegistryActor {
             warm: lease.warm,
             attached: false,
             worker: Some(worker_info),
-            restored: on_disk,
+            restored: on_disk.is_some(),
             predictor: proactive.map(|(predictor, _)| predictor),
             registry: ctx.address(),
         };
@@ -308,19 +309,30 @@ fn attach(existing: &SessionHandle) -> SessionHandle {
     }
 }
 
-/// The options kept with the checkpoints of the session whose store key is `key`, when
-/// `store` holds checkpoints of it that an earlier engine (or another node) left (read on the
-/// blocking pool, never on the actor's thread).
-async fn left_on_disk(
-    store: Option<CheckpointStore>,
-    key: Option<String>,
-) -> Option<StoredOptions> {
+/// The checkpoints of a session that an earlier engine (or another node) left.
+struct OnDisk {
+    /// The options kept with them.
+    kept: StoredOptions,
+    /// The execution count of the newest, which the session restores on start and counts
+    /// its executions on from.
+    execution_count: u64,
+}
+
+/// What `store` holds of the session whose store key is `key`, when it holds checkpoints of
+/// it that an earlier engine (or another node) left (read on the blocking pool, never on the
+/// actor's thread).
+async fn left_on_disk(store: Option<CheckpointStore>, key: Option<String>) -> Option<OnDisk> {
     let (Some(store), Some(key)) = (store, key) else {
         return None;
     };
     tokio::task::spawn_blocking(move || {
-        let listed = store.list(&key).is_ok_and(|list| !list.is_empty());
-        listed.then(|| store.load_options(&key))
+        let newest = (store.list(&key).ok()?)
+            .into_iter()
+            .max_by_key(|info| info.id.sequence())?;
+        Some(OnDisk {
+            kept: store.load_options(&key),
+            execution_count: newest.meta.execution_count,
+        })
     })
     .await
     .unwrap_or(None)
@@ -446,13 +458,14 @@ impl Handler<CreateSession> for RegistryActor {
                 .into_actor(self)
                 .map(move |(outcome, on_disk), act, ctx| {
                     let mut options = options;
-                    if let Some(kept) = on_disk.filter(|_| options.bridge.is_none()) {
+                    let counted_from = on_disk.as_ref().map(|on_disk| on_disk.execution_count);
+                    let kept = on_disk.map(|on_disk| on_disk.kept);
+                    if let Some(kept) = kept.filter(|_| options.bridge.is_none()) {
                         if options.llm.is_none() && !options.llm_by_client {
                             options.llm = Some(kept.llm);
                             options.llm_by_client = kept.llm_by_client;
                         }
                     }
-                    let on_disk = on_disk.is_some();
                     act.created_for(options.owner.as_deref());
                     if let Some(name) = options.name.clone() {
                         let name = (options.owner.clone(), name);
@@ -461,7 +474,7 @@ impl Handler<CreateSession> for RegistryActor {
                         }
                     }
                     match outcome {
-                        Ok(Ok(lease)) => act.start_session(lease, options, spec, on_disk, ctx),
+                        Ok(Ok(lease)) => act.start_session(lease, options, spec, counted_from, ctx),
                         Ok(Err(err)) => Err(err.into()),
                         Err(_) => Err(SupervisorError::ShuttingDown),
                     }

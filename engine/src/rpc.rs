@@ -39,3 +39,5 @@ pub use message::{error_text, oversized, respond};
 pub use outbound::{Outbound, OutboundQueue, OUTBOUND_CAPACITY};
 #[cfg(feature = "server")]
 pub use params::MAX_NAME_BYTES;
+#[cfg(feature = "server")]
+pub use peer::{PeerRefusal, PeerReply, PeerRequests};

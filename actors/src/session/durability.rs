@@ -111,6 +111,7 @@ impl Ledger {
             Some(last) => Recovered {
                 checkpoint_id: Some(last.id.to_string()),
                 lost_executions: started.saturating_sub(last.execution_count),
+                execution_count: Some(last.execution_count),
                 fresh_namespace: false,
                 lost_may_be_more: false,
                 from_node: None,
@@ -123,6 +124,7 @@ impl Ledger {
     /// session held is gone, and so nothing is unsaved any more.
     pub fn fresh(&mut self, started: u64) -> Recovered {
         let lost_executions = started.saturating_sub(self.fresh_since);
+        let came_back_to = self.fresh_since;
         self.last = None;
         self.fresh_since = started;
         self.saved_changes = self.changes;
@@ -131,6 +133,7 @@ impl Ledger {
         Recovered {
             checkpoint_id: None,
             lost_executions,
+            execution_count: Some(came_back_to),
             fresh_namespace: true,
             lost_may_be_more: false,
             from_node: None,

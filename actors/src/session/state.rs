@@ -54,6 +54,9 @@ pub struct StateSetup {
     /// Restore the latest checkpoint before the first execution (a named session that an
     /// earlier engine left on disk).
     pub restore_on_start: bool,
+    /// The execution count of the checkpoint restored on start: the session counts its
+    /// executions on from it, the first one queued before the restore included.
+    pub counted_from: u64,
     /// The largest state a checkpoint of this session may hold, in bytes.
     pub max_bytes: u64,
 }

@@ -130,7 +130,7 @@ impl Handler<ForkSession> for RegistryActor {
                     limits: Some(forked.limits.clone()),
                     ..SessionOptions::default()
                 };
-                match act.start_session(lease, options, forked.spec.clone(), false, ctx) {
+                match act.start_session(lease, options, forked.spec.clone(), None, ctx) {
                     Ok(handle) => {
                         handle.addr.do_send(forked.start.clone());
                         sessions.push(handle);

@@ -95,14 +95,13 @@ fn failed(what: &'static str) -> impl Fn(tokio_postgres::Error) -> ClusterError 
 }
 
 /// Uploads checkpoint `id` of the local store's session `writer.key` as the session's latest
-/// in the shared store, under `writer.epoch`. `base` is the session's execution count, across
-/// nodes, when this node's engine took it over (0 for a session created here).
+/// in the shared store, under `writer.epoch`, with its execution count (the session's, across
+/// nodes: an engine that took the session over counts on from the checkpoint it restored).
 pub async fn upload(
     store: &Store,
     local: &CheckpointStore,
     writer: Writer<'_>,
     id: CheckpointId,
-    base: u64,
 ) -> Result<Uploaded, ClusterError> {
     let checkpoint_id = id.to_string();
     let fail = |message: String| ClusterError::Checkpoint {
@@ -126,7 +125,7 @@ pub async fn upload(
     let outcome = async {
         let hashes = hashes.map_err(fail)?;
         let manifest = Manifest {
-            execution_count: base + loaded.info.meta.execution_count,
+            execution_count: loaded.info.meta.execution_count,
             names_saved: loaded.info.meta.names_saved.clone(),
             names_lost: loaded.info.meta.names_lost.clone(),
             groups: (loaded.groups.iter().zip(&hashes))
@@ -289,6 +288,35 @@ pub async fn download(
     session_id: &str,
     key: &str,
 ) -> Result<Option<Downloaded>, ClusterError> {
+    match fetch(store, scratch, session_id).await? {
+        Some(fetched) => Ok(Some(fetched.save(local, key).await?)),
+        None => Ok(None),
+    }
+}
+
+/// The shared store's latest checkpoint of a session, its blobs written (and checked) in a
+/// private directory, not yet in the local store: [`Fetched::save`] puts it there, without
+/// the store.
+pub struct Fetched {
+    session_id: String,
+    checkpoint_id: String,
+    node_id: String,
+    execution_count: u64,
+    meta: CheckpointMeta,
+    payload: Vec<u8>,
+    groups: Vec<NewGroup>,
+    /// Holds the blob files until the local store takes them in.
+    dir: tempfile::TempDir,
+}
+
+/// The first half of [`download`]: the shared store's latest checkpoint of `session_id`,
+/// its blobs written under `scratch`; `None` when the store has none. The store's
+/// connection is held for this half only.
+pub async fn fetch(
+    store: &Store,
+    scratch: &Path,
+    session_id: &str,
+) -> Result<Option<Fetched>, ClusterError> {
     let client = store.client().await?;
     let Some(row) = client
         .query_opt(
@@ -354,37 +382,74 @@ pub async fn download(
             source: GroupSource::File(path),
         });
     }
-    // The local session counts its executions from this checkpoint on; the node adds the
-    // count up to it.
+    // The session restored from it counts its executions on from its count.
+    let execution_count = u64::try_from(row.get::<_, i64>(2)).unwrap_or(0);
     let meta = CheckpointMeta {
-        execution_count: 0,
+        execution_count,
         names_saved: manifest.names_saved.clone(),
         names_lost: manifest.names_lost.clone(),
     };
-    let (local, key) = (local.clone(), key.to_owned());
-    let saved = tokio::task::spawn_blocking(move || {
-        let saved = local.save_checkpoint(
-            &key,
-            NewCheckpoint {
-                meta: &meta,
-                payload: &payload,
-                groups: &groups,
-                max_state_bytes: u64::MAX,
-                seed: None,
-            },
-        );
-        drop(dir);
-        saved
-    })
-    .await
-    .map_err(|err| fail(err.to_string()))?
-    .map_err(|err| fail(format!("save it locally: {err}")))?;
-    Ok(Some(Downloaded {
+    Ok(Some(Fetched {
+        session_id: session_id.to_owned(),
         checkpoint_id,
         node_id: row.get(1),
-        execution_count: u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
-        local_id: saved.id,
+        execution_count,
+        meta,
+        payload,
+        groups,
+        dir,
     }))
+}
+
+impl Fetched {
+    /// Makes it the newest checkpoint of the local store's session `key` (the blobs' fsyncs
+    /// are here: the part of a download that needs no store connection).
+    pub async fn save(
+        self,
+        local: &CheckpointStore,
+        key: &str,
+    ) -> Result<Downloaded, ClusterError> {
+        let Fetched {
+            session_id,
+            checkpoint_id,
+            node_id,
+            execution_count,
+            meta,
+            payload,
+            groups,
+            dir,
+        } = self;
+        let (local, key) = (local.clone(), key.to_owned());
+        let saved = tokio::task::spawn_blocking(move || {
+            let saved = local.save_checkpoint(
+                &key,
+                NewCheckpoint {
+                    meta: &meta,
+                    payload: &payload,
+                    groups: &groups,
+                    max_state_bytes: u64::MAX,
+                    seed: None,
+                },
+            );
+            drop(dir);
+            saved
+        })
+        .await;
+        let fail = |message: String| ClusterError::Checkpoint {
+            session_id: session_id.clone(),
+            checkpoint: checkpoint_id.clone(),
+            message,
+        };
+        let saved = saved
+            .map_err(|err| fail(err.to_string()))?
+            .map_err(|err| fail(format!("save it locally: {err}")))?;
+        Ok(Downloaded {
+            checkpoint_id,
+            node_id,
+            execution_count,
+            local_id: saved.id,
+        })
+    }
 }
 
 /// The XXH3-128 of the first `bytes` bytes of `path`, in hexadecimal.
@@ -424,7 +489,7 @@ fn write_blob(path: &Path, chunks: &[Vec<u8>]) -> io::Result<(String, u64)> {
         bytes += data.len() as u64;
         file.write_all(&data)?;
     }
-    file.sync_all()?;
+    // No fsync here: the local store fsyncs each blob as it takes it in.
     Ok((format!("{:032x}", hasher.digest128()), bytes))
 }
 

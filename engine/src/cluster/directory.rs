@@ -5,7 +5,8 @@
 //! clocks disagree still agree on whether a lease ran out. A node registers a session it
 //! creates under epoch 1; [`claim`] takes a session whose lease ran out (or that the node
 //! held already, before a restart) and bumps its epoch; [`renew`] extends every lease a node
-//! holds in one statement per heartbeat and tells which it no longer holds; [`release`] lets
+//! holds in one statement per heartbeat and tells which it no longer holds; [`lease`] reads
+//! one session's lease, for a node waiting for it to run out; [`release`] lets
 //! a draining node give a session up with its checkpoint in the store. A session's name is
 //! unique per owner across the cluster: [`register`] refuses one taken on any node
 //! ([`ClusterError::NameTaken`]), and [`named`] finds the session that has it.
@@ -200,6 +201,39 @@ pub async fn lookup(store: &Store, session_id: &str) -> Result<Option<Entry>, Cl
         epoch: row.get(4),
         expired: row.get(5),
         limits: row.get(6),
+    }))
+}
+
+/// A session's lease as the store sees it now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lease {
+    /// The node holding it; `None` when it was released.
+    pub holder: Option<String>,
+    pub epoch: i64,
+    /// When it runs out, in seconds since the epoch by the store's clock: a renewal moves it.
+    pub expires_at_s: f64,
+    /// How long it still runs, by the store's clock; zero once it ran out.
+    pub left: Duration,
+}
+
+/// The lease of `session_id`, if the directory has the session.
+pub async fn lease(store: &Store, session_id: &str) -> Result<Option<Lease>, ClusterError> {
+    let row = store
+        .client()
+        .await?
+        .query_opt(
+            "SELECT holder, epoch, extract(epoch FROM lease_expires_at)::float8,
+                    greatest(0, extract(epoch FROM lease_expires_at - now()))::float8
+             FROM pyvisor_sessions WHERE session_id = $1",
+            &[&session_id],
+        )
+        .await
+        .map_err(failed("read the session's lease in the cluster store"))?;
+    Ok(row.map(|row| Lease {
+        holder: row.get(0),
+        epoch: row.get(1),
+        expires_at_s: row.get(2),
+        left: Duration::try_from_secs_f64(row.get(3)).unwrap_or(Duration::ZERO),
     }))
 }
 

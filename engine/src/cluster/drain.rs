@@ -115,7 +115,7 @@ impl Node {
                 epoch,
             };
             if holding.uploaded != Some(id.sequence()) {
-                let upload = checkpoints::upload(&self.store, local, writer, id, holding.base);
+                let upload = checkpoints::upload(&self.store, local, writer, id);
                 match metrics::timed("upload", upload).await {
                     Ok(_) => {}
                     Err(ClusterError::Fenced { epoch, .. }) => {
@@ -129,7 +129,7 @@ impl Node {
         let held = Held {
             session_id: session_id.to_owned(),
             epoch,
-            execution_count: (holding.base + holding.count) as i64,
+            execution_count: holding.count as i64,
         };
         let release = directory::release(&self.store, &self.config.node_id, &held);
         let released = metrics::timed("release", release).await?;

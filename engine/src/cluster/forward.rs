@@ -27,6 +27,13 @@
 //! longer answer is answered `null` at once (it raises `EOFError`), so the session is not
 //! held until the input timeout.
 //!
+//! An execution whose caller answers the server's requests (a socket or WebSocket connection,
+//! which an `llm: "client"` session's LLM calls need) asks for the streamed response too,
+//! streaming or not, with the header [`BRIDGE`]: the holder then sends its `bridge.llm`
+//! requests and `bridge.cancel` notices as lines of it, and this node relays them to the
+//! caller under ids of the caller's connection and brings the caller's answers back to the
+//! holder (`relay`).
+//!
 //! The forwarder remembers which node answered for a session ([`Holders`]), so the next
 //! request for it goes straight there instead of asking the store first.
 
@@ -41,11 +48,22 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::errors::ClusterError;
-use crate::rpc::wire::{method, notification};
+use crate::rpc::wire::method;
 use crate::rpc::{code, Outbound, RpcError};
+
+mod relay;
 
 /// The header that marks a request another node sent on; its value is that node's id.
 pub const FORWARDED_BY: &str = "x-pyvisor-forwarded-by";
+
+/// The header of a forwarded execution whose caller answers the server's requests (a socket
+/// or WebSocket connection): the holder sends its `bridge.llm` requests as lines of its
+/// streamed answer, for this node to relay.
+pub const BRIDGE: &str = "x-pyvisor-bridge";
+
+/// The header of the holder's streamed answer to a [`BRIDGE`] request: the id that the
+/// answers to its requests name ([`BridgeAnswer`]).
+pub const BRIDGE_STREAM: &str = "x-pyvisor-bridge-stream";
 
 /// The media type of the holder's streamed answer.
 const NDJSON: &str = "application/x-ndjson";
@@ -110,6 +128,98 @@ impl Serialize for Body<'_> {
         }
         map.end()
     }
+}
+
+/// What a forwarding node posts to the holder's `POST /v1/sessions/{id}/bridge`: the answer
+/// of its client to one request of a bridged stream, `call_id` with `result` or `error`, or
+/// `gone: true` when the client went away (every call of the stream fails).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeAnswer {
+    /// The stream's id, from the holder's [`BRIDGE_STREAM`] header.
+    pub stream: String,
+    /// The holder's id of the request answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// The client's result, whatever it is (`null` included).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub result: Option<Value>,
+    /// The client's error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RpcError>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gone: bool,
+}
+
+/// What a [`BridgeAnswer`] says.
+#[derive(Debug, PartialEq)]
+pub enum Bridged {
+    /// The client's response to the request `call_id`.
+    Answer {
+        call_id: String,
+        reply: crate::rpc::PeerReply,
+    },
+    /// The client went away.
+    Gone,
+}
+
+impl BridgeAnswer {
+    /// The answer that the caller of stream `stream` went away.
+    pub fn gone(stream: &str) -> BridgeAnswer {
+        BridgeAnswer {
+            stream: stream.to_owned(),
+            call_id: None,
+            result: None,
+            error: None,
+            gone: true,
+        }
+    }
+
+    /// The caller's `reply` to the request `call_id` of stream `stream`.
+    pub fn reply(stream: &str, call_id: &str, reply: crate::rpc::PeerReply) -> BridgeAnswer {
+        let (result, error) = match reply {
+            Ok(result) => (Some(result), None),
+            Err(error) => (None, Some(error)),
+        };
+        BridgeAnswer {
+            stream: stream.to_owned(),
+            call_id: Some(call_id.to_owned()),
+            result,
+            error,
+            gone: false,
+        }
+    }
+
+    /// The stream it is for and what it says; a message for an answer of no valid shape.
+    pub fn into_reply(self) -> Result<(String, Bridged), String> {
+        let bridged =
+            match (self.call_id, self.result, self.error, self.gone) {
+                (None, None, None, true) => Bridged::Gone,
+                (Some(call_id), Some(result), None, false) => Bridged::Answer {
+                    call_id,
+                    reply: Ok(result),
+                },
+                (Some(call_id), None, Some(error), false) => Bridged::Answer {
+                    call_id,
+                    reply: Err(error),
+                },
+                _ => return Err(
+                    "a bridge answer is {stream, call_id, result} or {stream, call_id, error} or \
+                     {stream, gone: true}"
+                        .to_owned(),
+                ),
+            };
+        Ok((self.stream, bridged))
+    }
+}
+
+/// A field that is `Some` whenever it is present, `null` included.
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    serde::Deserialize::deserialize(deserializer).map(Some)
 }
 
 /// Where a forward ended when it has no answer for the caller.
@@ -182,10 +292,13 @@ impl Forwarder {
             url.trim_end_matches('/'),
             percent_encode(session_id)
         );
+        let execute = method == method::EXECUTE;
         // A caller that cannot take notifications (plain HTTP) gets the plain answer.
-        let streams = method == method::EXECUTE
-            && params.get("stream") == Some(&Value::Bool(true))
-            && !out.is_closed();
+        let streams =
+            execute && params.get("stream") == Some(&Value::Bool(true)) && !out.is_closed();
+        // A caller that answers the server's requests (a socket or WebSocket connection)
+        // gets the holder's bridge.llm requests through this node, streamed or not.
+        let bridged = execute && out.peer().is_open();
         let mut request = match route {
             Route::Post(path) => self
                 .client
@@ -202,8 +315,11 @@ impl Forwarder {
             }
         };
         request = self.request(request);
-        if streams {
+        if streams || bridged {
             request = request.header(ACCEPT, NDJSON);
+        }
+        if bridged {
+            request = request.header(BRIDGE, "client");
         }
         let response = match request.send().await {
             Ok(response) => response,
@@ -215,8 +331,8 @@ impl Forwarder {
             Err(err) => return Ok(Err(broken(&base, err))),
         };
         let status = response.status();
-        if streams && status.is_success() {
-            return Ok(self.relay(response, &base, owner, out).await);
+        if status.is_success() && is_ndjson(&response) {
+            return Ok(self.relay(response, &base, owner, out, streams).await);
         }
         let body = match response.text().await {
             Ok(body) => body,
@@ -235,82 +351,6 @@ impl Forwarder {
         }))
     }
 
-    /// Relays the streamed answer `response` of the holder (its session route `base`) to
-    /// `out`, line by line, until its last line: the result or the error.
-    async fn relay(
-        &self,
-        mut response: reqwest::Response,
-        base: &str,
-        owner: Option<&str>,
-        out: &Outbound,
-    ) -> Result<Box<RawValue>, RpcError> {
-        let mut pending: Vec<u8> = Vec::new();
-        // How much of `pending` holds no line end: a long line that comes in many chunks is
-        // scanned once, not once per chunk.
-        let mut scanned = 0;
-        let mut unanswered = UnansweredInput(None);
-        loop {
-            let chunk = tokio::select! {
-                chunk = response.chunk() => chunk,
-                () = out.gone() => return Err(caller_gone()),
-            };
-            let chunk = match chunk {
-                Ok(Some(chunk)) => chunk,
-                Ok(None) => {
-                    return Err(RpcError::new(
-                        code::ENGINE_ERROR,
-                        format!("{base} ended its streamed answer before the result"),
-                    ))
-                }
-                Err(err) => return Err(broken(base, err)),
-            };
-            pending.extend_from_slice(&chunk);
-            while let Some(found) = pending[scanned..].iter().position(|&byte| byte == b'\n') {
-                let line: Vec<u8> = pending.drain(..=scanned + found).collect();
-                scanned = 0;
-                let line = String::from_utf8(line).map_err(|err| not_json(base, err))?;
-                let line = line.trim_end();
-                let parsed: Line = serde_json::from_str(line).map_err(|err| not_json(base, err))?;
-                match (parsed.method, parsed.result, parsed.error) {
-                    (Some(method), _, _) if method == notification::INPUT_REQUEST => {
-                        let asked = parsed.params.as_deref().map(RawValue::get);
-                        let asked = serde_json::from_str::<InputNote>(asked.unwrap_or("null"))
-                            .map_err(|err| not_json(base, err))?;
-                        unanswered.0 = Some(self.end_of_input(base, &asked.execution_id, owner));
-                    }
-                    (Some(_), _, _) => {}
-                    (None, result, error) => {
-                        unanswered.0 = None;
-                        return match (result, error) {
-                            (Some(result), _) => Ok(result),
-                            (None, Some(error)) => Err(error),
-                            (None, None) => Err(not_json(base, "neither result nor error")),
-                        };
-                    }
-                }
-                if !out.send(line.to_owned()).await {
-                    return Err(caller_gone());
-                }
-            }
-            scanned = pending.len();
-        }
-    }
-
-    /// The request that answers the `input()` of the execution `execution_id` of the session
-    /// at `base` with `null` (it raises `EOFError`).
-    fn end_of_input(
-        &self,
-        base: &str,
-        execution_id: &str,
-        owner: Option<&str>,
-    ) -> reqwest::RequestBuilder {
-        let mut body = serde_json::json!({"execution_id": execution_id, "value": null});
-        if let Some(owner) = owner {
-            body["owner"] = Value::String(owner.to_owned());
-        }
-        self.request(self.client.post(format!("{base}/input")).json(&body))
-    }
-
     /// `request` as a forward from this node: marked, with the admin token.
     fn request(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         let request = request.header(FORWARDED_BY, &self.node_id);
@@ -321,47 +361,6 @@ impl Forwarder {
     }
 }
 
-/// The `null` answer to the last `input()` a relay passed on, sent when the relay ends before
-/// the result: the caller who would have answered it is gone, so `input()` raises `EOFError`
-/// now rather than at the input timeout. A relay may end by being dropped (its caller's
-/// connection closed), so this is sent from `drop`, on a task of its own.
-struct UnansweredInput(Option<reqwest::RequestBuilder>);
-
-impl Drop for UnansweredInput {
-    fn drop(&mut self) {
-        let Some(request) = self.0.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            match request.send().await {
-                Ok(response) if response.status().is_success() => {}
-                // No input() waits any more: it was answered, or the execution ended.
-                Ok(response) => tracing::debug!(status = %response.status(), "no EOF input taken"),
-                Err(err) => tracing::debug!(error = %err, "cannot send an EOF input"),
-            }
-        });
-    }
-}
-
-/// One line of a streamed answer: a notification to relay (`method`), or the last line
-/// (`result` or `error`).
-#[derive(serde::Deserialize)]
-struct Line {
-    method: Option<String>,
-    params: Option<Box<RawValue>>,
-    result: Option<Box<RawValue>>,
-    error: Option<RpcError>,
-}
-
-/// What the relay needs of a `session.input_request` notification.
-#[derive(serde::Deserialize)]
-struct InputNote {
-    execution_id: String,
-}
-
 /// `owner` as a query parameter after `sep`; nothing without one.
 fn owner_query(owner: Option<&str>, sep: char) -> String {
     owner.map_or_else(String::new, |owner| {
@@ -369,9 +368,15 @@ fn owner_query(owner: Option<&str>, sep: char) -> String {
     })
 }
 
-/// The answer of a relay whose caller went away: it has nowhere to go.
-fn caller_gone() -> RpcError {
-    RpcError::new(code::ENGINE_ERROR, "the caller went away")
+/// Whether `response` is a streamed answer.
+fn is_ndjson(response: &reqwest::Response) -> bool {
+    (response.headers().get(reqwest::header::CONTENT_TYPE))
+        .and_then(|kind| kind.to_str().ok())
+        .is_some_and(|kind| {
+            kind.split(';')
+                .next()
+                .is_some_and(|kind| kind.trim() == NDJSON)
+        })
 }
 
 /// The error of an answer from `base` that broke off.
@@ -473,21 +478,6 @@ mod tests {
             serde_json::json!({"code": "x", "owner": "alice"})
         );
         assert_eq!(body(None), serde_json::json!({"code": "x"}));
-    }
-
-    #[test]
-    fn a_streamed_line_is_a_note_or_the_last_line() {
-        let note = r#"{"jsonrpc":"2.0","method":"session.output","params":{"data":"a"}}"#;
-        let note: Line = serde_json::from_str(note).unwrap();
-        assert_eq!(note.method.as_deref(), Some("session.output"));
-        let done: Line = serde_json::from_str(r#"{"result":{"status":"ok"}}"#).unwrap();
-        assert_eq!(
-            done.result.map(|r| r.get().to_owned()).as_deref(),
-            Some(r#"{"status":"ok"}"#)
-        );
-        let failed: Line =
-            serde_json::from_str(r#"{"error":{"code":-32001,"message":"m"}}"#).unwrap();
-        assert_eq!(failed.error.map(|e| e.code), Some(-32001));
     }
 
     #[test]

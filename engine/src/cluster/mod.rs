@@ -16,7 +16,8 @@
 //! - [`memory`]: the memory feature's outcomes and patterns, shared by the nodes.
 //! - [`metrics`]: leases, forwarded requests, failovers, the store's latency.
 //! - [`status`]: `cluster.status`, the nodes and their sessions as the store sees them.
-//! - [`node`]: the node at run time: its heartbeat, the checkpoint upload, failover.
+//! - [`node`]: the node at run time: the sessions it holds, its heartbeat.
+//! - [`failover`]: taking over a session whose holder's lease ran out.
 //! - [`upload`]: checkpoints sent to the store, per heartbeat and before a durable reply.
 //! - [`drain`]: `node.drain`, each held session handed over to the store before the node stops.
 
@@ -24,6 +25,7 @@ pub mod checkpoints;
 pub mod config;
 pub mod directory;
 pub mod drain;
+pub mod failover;
 pub mod forward;
 pub mod memory;
 pub mod metrics;

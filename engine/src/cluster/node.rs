@@ -1,5 +1,5 @@
-//! The node at run time: the sessions it holds, its heartbeat, the upload of their
-//! checkpoints, and failover (taking over a session whose holder's lease ran out).
+//! The node at run time: the sessions it holds, its heartbeat, and the upload of their
+//! checkpoints (taking over a session whose holder's lease ran out is `failover`).
 //!
 //! The daemon's dispatcher tells the node about the sessions it creates, the executions they
 //! run and the sessions it closes; none of that waits for the store except registering and
@@ -16,18 +16,16 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use pyvisor_actors::session::StateSetup;
-use pyvisor_actors::SessionLimits;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::checkpoints;
 use super::config::ClusterConfig;
 use super::directory::{self, Held};
 use super::forward::Forwarder;
 use super::metrics::{self, LeaseEvent};
 use super::store::{Store, POOL_SIZE, WAIT};
 use crate::errors::ClusterError;
-use crate::{Engine, Recovered, Session, SessionOptions};
+use crate::{Engine, Recovered, Session};
 
 /// The most sessions a node takes over at once (each holds a store connection while its
 /// checkpoint comes down): half the store's pool, so that the heartbeat, the uploader and new
@@ -42,14 +40,14 @@ pub struct Node {
     /// The sessions this node holds, by id.
     pub(super) held: Mutex<HashMap<String, Holding>>,
     /// What sessions taken over from another node came back with, for their next result.
-    recovered: Mutex<HashMap<String, Recovered>>,
+    pub(super) recovered: Mutex<HashMap<String, Recovered>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The sessions being taken over, each with the lock its take-over holds: a second
     /// request for one of them waits for the first and finds it held, so a session is
     /// claimed and restored once, while take-overs of different sessions run at once.
-    taking_over: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(super) taking_over: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Bounds the take-overs that run at once ([`TAKE_OVERS_AT_ONCE`]).
-    take_over_slots: tokio::sync::Semaphore,
+    pub(super) take_over_slots: tokio::sync::Semaphore,
     /// Whether the last heartbeat reached the store.
     store_reachable: AtomicBool,
     forwarder: Forwarder,
@@ -67,9 +65,8 @@ pub(super) struct Holding {
     pub(super) epoch: i64,
     /// Its key in the local checkpoint store.
     pub(super) key: String,
-    /// Executions of the session, across nodes, before this node's engine took it over.
-    pub(super) base: u64,
-    /// Executions this node's engine ran in it.
+    /// The session's execution count, across nodes: the engine's count, which goes on from
+    /// the checkpoint's a take-over restored.
     pub(super) count: u64,
     /// The local checkpoint last uploaded (its sequence).
     pub(super) uploaded: Option<u64>,
@@ -78,12 +75,12 @@ pub(super) struct Holding {
     pub(super) restoring: bool,
     /// Until when this node can prove it holds the session, by its own clock: the lease's
     /// length after the last renewal was sent, never later than the store's expiry.
-    valid_until: Instant,
+    pub(super) valid_until: Instant,
     /// A drain is handing it over: its requests are refused and nothing uploads it but the
     /// drain.
     pub(super) releasing: bool,
     /// Its lease ran out by this node's clock and was counted so; cleared by a renewal.
-    expired: bool,
+    pub(super) expired: bool,
 }
 
 impl Node {
@@ -180,7 +177,6 @@ impl Node {
             Holding {
                 epoch,
                 key,
-                base: 0,
                 count: 0,
                 uploaded: None,
                 restoring: false,
@@ -239,174 +235,6 @@ impl Node {
         Ok(())
     }
 
-    /// Takes over the session `session_id` for a caller whose scope is `owner` (`None`: every
-    /// owner): claims it when its holder's lease ran out, restores its last checkpoint from
-    /// the store and starts it here under the same id, with the limits `limits` makes of
-    /// those it was created with (`None`: this node's defaults). `None` when the directory
-    /// has no such session for that owner; [`ClusterError::HeldElsewhere`] when a live node
-    /// holds it.
-    pub async fn take_over(
-        &self,
-        session_id: &str,
-        owner: Option<&str>,
-        limits: impl FnOnce(Option<&str>) -> Option<SessionLimits>,
-    ) -> Result<Option<Session>, ClusterError> {
-        let _turn = self.turn_to_take_over(session_id).await;
-        if self.lock_held().contains_key(session_id) {
-            // Taken over by a request that came first.
-            return Ok(self.engine.session(session_id, owner).await.ok());
-        }
-        self.refuse_when_draining()?;
-        let _slot = self
-            .take_over_slots
-            .acquire()
-            .await
-            .expect("the take-over slots are never closed");
-        let Some(entry) = directory::lookup(&self.store, session_id).await? else {
-            return Ok(None);
-        };
-        // Another owner's session is unknown, like a missing one.
-        if owner.is_some() && entry.owner.as_deref() != owner {
-            return Ok(None);
-        }
-        let held_elsewhere = |entry: directory::Entry| ClusterError::HeldElsewhere {
-            session_id: session_id.to_owned(),
-            node: entry.holder.unwrap_or_default(),
-            advertise_url: entry.holder_url.unwrap_or_default(),
-        };
-        let mine = entry.holder.as_deref() == Some(self.node_id());
-        if !entry.expired && !mine {
-            return Err(held_elsewhere(entry));
-        }
-        let claiming = Instant::now();
-        let claim = directory::claim(
-            &self.store,
-            &self.config.node_id,
-            self.config.lease_ttl,
-            session_id,
-        );
-        let claim = metrics::timed("claim", claim).await?;
-        let Some(claim) = claim else {
-            // Another node claimed it first.
-            return match directory::lookup(&self.store, session_id).await? {
-                Some(entry) => Err(held_elsewhere(entry)),
-                None => Ok(None),
-            };
-        };
-        let key = StateSetup::key_for(entry.owner.as_deref(), entry.name.as_deref(), session_id);
-        // Held from the claim on, so the heartbeat renews the new lease while a large
-        // checkpoint comes down.
-        self.lock_held().insert(
-            session_id.to_owned(),
-            Holding {
-                epoch: claim.epoch,
-                key: key.clone(),
-                base: 0,
-                count: 0,
-                uploaded: None,
-                restoring: true,
-                valid_until: claiming + self.config.lease_ttl,
-                releasing: false,
-                expired: false,
-            },
-        );
-        let downloaded = match self.engine.checkpoint_store() {
-            Some((local, scratch)) => {
-                let download = checkpoints::download(&self.store, local, scratch, session_id, &key);
-                metrics::timed("download", download).await
-            }
-            None => Ok(None),
-        };
-        let downloaded = match downloaded {
-            Ok(downloaded) => downloaded,
-            Err(err) => {
-                self.lock_held().remove(session_id);
-                return Err(err);
-            }
-        };
-        let base = downloaded.as_ref().map_or(0, |d| d.execution_count);
-        if let Some(holding) = self.lock_held().get_mut(session_id) {
-            holding.base = base;
-            holding.uploaded = downloaded.as_ref().map(|d| d.local_id.sequence());
-            holding.restoring = false;
-        }
-        let options = SessionOptions {
-            name: entry.name.clone(),
-            owner: entry.owner.clone(),
-            limits: limits(entry.limits.as_deref()),
-            take_over: Some(session_id.to_owned()),
-            ..SessionOptions::default()
-        };
-        let session = match self.engine.create_session(options).await {
-            Ok(session) => session,
-            Err(err) => {
-                self.lock_held().remove(session_id);
-                return Err(err.into());
-            }
-        };
-        let still_held = self.lock_held().get(session_id).map(|h| h.epoch) == Some(claim.epoch);
-        if !still_held {
-            // Another node claimed it while it was restored here.
-            if let Err(err) = session.close().await {
-                tracing::warn!(session = session_id, error = %err, "cannot close a lost session");
-            }
-            return Err(ClusterError::Fenced {
-                session_id: session_id.to_owned(),
-                epoch: claim.epoch,
-            });
-        }
-        let reported = u64::try_from(claim.execution_count).unwrap_or(0);
-        let from_node = claim.from_node.clone().or(entry.holder.clone());
-        let recovered = Recovered {
-            checkpoint_id: downloaded.as_ref().map(|d| d.checkpoint_id.clone()),
-            lost_executions: reported.saturating_sub(base),
-            fresh_namespace: downloaded.is_none(),
-            // What the dead holder acknowledged after its last heartbeat is not counted; with
-            // replies sent after their checkpoint is in the store, nothing acknowledged is lost.
-            lost_may_be_more: from_node.is_some() && !self.engine.replies_after_checkpoint(),
-            from_node,
-        };
-        metrics::leases(LeaseEvent::Claimed, 1);
-        if recovered.from_node.is_some() {
-            metrics::failover();
-        }
-        tracing::info!(
-            session = session_id,
-            from = ?recovered.from_node,
-            checkpoint = ?recovered.checkpoint_id,
-            epoch = claim.epoch,
-            "took the session over"
-        );
-        self.recovered
-            .lock()
-            .expect("the recovered sessions lock is never poisoned")
-            .insert(session_id.to_owned(), recovered);
-        Ok(Some(session))
-    }
-
-    /// Waits until no other request takes the session `session_id` over, and holds it so
-    /// until the turn is dropped.
-    async fn turn_to_take_over(&self, session_id: &str) -> TakeOverTurn<'_> {
-        let lock = self
-            .lock_taking_over()
-            .entry(session_id.to_owned())
-            .or_default()
-            .clone();
-        TakeOverTurn {
-            node: self,
-            session_id: session_id.to_owned(),
-            guard: Some(lock.lock_owned().await),
-        }
-    }
-
-    fn lock_taking_over(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
-        self.taking_over
-            .lock()
-            .expect("the take-over locks' lock is never poisoned")
-    }
-
     /// Renews every lease this node holds, and lets go of those another node took.
     async fn heartbeat(&self) {
         let held: Vec<Held> = self
@@ -415,7 +243,7 @@ impl Node {
             .map(|(id, holding)| Held {
                 session_id: id.clone(),
                 epoch: holding.epoch,
-                execution_count: (holding.base + holding.count) as i64,
+                execution_count: holding.count as i64,
             })
             .collect();
         let sent = Instant::now();
@@ -495,28 +323,6 @@ impl Drop for Node {
     fn drop(&mut self) {
         for task in self.lock_tasks().drain(..) {
             task.abort();
-        }
-    }
-}
-
-/// One request's turn to take a session over; the session's lock is forgotten with the last
-/// turn (one that ends early, its caller gone, included).
-struct TakeOverTurn<'a> {
-    node: &'a Node,
-    session_id: String,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl Drop for TakeOverTurn<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut locks = self.node.lock_taking_over();
-        // Only the map refers to it: no request waits for it.
-        if locks
-            .get(&self.session_id)
-            .is_some_and(|lock| Arc::strong_count(lock) == 1)
-        {
-            locks.remove(&self.session_id);
         }
     }
 }

@@ -81,7 +81,7 @@ impl Node {
             node_id: &self.config.node_id,
             epoch: holding.epoch,
         };
-        let upload = checkpoints::upload(&self.store, local, writer, newest.id, holding.base);
+        let upload = checkpoints::upload(&self.store, local, writer, newest.id);
         match metrics::timed("upload", upload).await {
             Ok(uploaded) => {
                 if let Some(holding) = self.lock_held().get_mut(session_id) {

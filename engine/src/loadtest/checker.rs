@@ -9,10 +9,11 @@
 //!   nothing is allowed.
 //!   On a cluster, `lost_executions` of a session taken over from a killed node is a lower
 //!   bound (docs/cluster.md#failover): it counts what the dead node reported at its last
-//!   heartbeat, not what it acknowledged since. So a loss beyond it is allowed, and counted
-//!   apart ([`Verdict::uncounted`]), up to the checks this client saw acknowledged in the
-//!   window that bound leaves out: two heartbeat periods (`2 × lease_ttl_s / 3`) before the
-//!   kill.
+//!   heartbeat, not what it acknowledged since. The exact loss is what the result's
+//!   `recovered.execution_count` admits: every execution acknowledged with a higher count is
+//!   gone. So a loss beyond `lost_executions` is allowed, and counted apart
+//!   ([`Verdict::uncounted`]), up to the checks of this client acknowledged with an
+//!   execution count above that one, and no further.
 //!   Anything beyond is a [`LostState`], with the session, the fault that preceded it and the
 //!   checkpoint the session came back from.
 //! - A value higher than expected, or stdout other than the tag (output of another session),
@@ -70,33 +71,26 @@ pub struct Counter {
     /// Executions the engine reported lost since the last check.
     reported_lost: u64,
     checkpoint: Option<String>,
-    /// A result since the last check said the session came back from a dead node.
-    failed_over: bool,
-    /// Seconds before a node's kill in which acknowledged executions may be lost uncounted:
-    /// on a cluster in the `debounced` mode, two heartbeat periods; else none.
-    uncounted_window_s: Option<f64>,
-    /// When recent checks were acknowledged, in seconds since the start of the run.
-    acked_s: VecDeque<f64>,
+    /// The lowest execution count a session taken over from a dead node came back to, by a
+    /// result since the last check: the executions above it are lost, counted or not.
+    failed_over_to: Option<u64>,
+    /// The execution counts of the recent checks that were acknowledged, oldest first.
+    acked: VecDeque<u64>,
 }
 
-/// Acknowledged checks a counter remembers, for the window before a node's kill.
+/// Acknowledged checks a counter remembers: more than one run makes between two failovers.
 const ACKS_KEPT: usize = 256;
 
 impl Counter {
     pub fn new(target: &TargetSpec) -> Self {
-        let durability = target.durability();
-        let uncounted_window_s = (target.lease_ttl_s())
-            .filter(|_| durability == DurabilityMode::Debounced)
-            .map(|lease_ttl_s| 2.0 * lease_ttl_s / 3.0);
         Self {
-            durability,
+            durability: target.durability(),
             expected: 0,
             uncertain: false,
             reported_lost: 0,
             checkpoint: None,
-            failed_over: false,
-            uncounted_window_s,
-            acked_s: VecDeque::new(),
+            failed_over_to: None,
+            acked: VecDeque::new(),
         }
     }
 
@@ -113,7 +107,11 @@ impl Counter {
     pub fn note(&mut self, recovered: Option<&Recovered>) {
         if let Some(recovered) = recovered {
             self.reported_lost += recovered.lost_executions;
-            self.failed_over |= recovered.from_node.is_some();
+            // An engine that does not say where the count went back to admits nothing more.
+            if recovered.from_node.is_some() && recovered.lost_may_be_more {
+                let back_to = recovered.execution_count.unwrap_or(u64::MAX);
+                self.failed_over_to = Some(self.failed_over_to.map_or(back_to, |n| n.min(back_to)));
+            }
             if recovered.checkpoint_id.is_some() || recovered.fresh_namespace {
                 self.checkpoint = recovered.checkpoint_id.clone();
             }
@@ -134,12 +132,13 @@ impl Counter {
         }
     }
 
-    /// How much more may have gone back uncounted: after a failover, the checks acknowledged
-    /// within the window before the last node's kill that `lost_executions` leaves out.
-    fn uncounted_allowance(&self, faults: &FaultLog) -> u64 {
-        match (self.uncounted_window_s, faults.last_node_kill()) {
-            (Some(window_s), Some(kill_s)) if self.failed_over => {
-                acked_since(&self.acked_s, kill_s - window_s)
+    /// How much more may have gone back uncounted in the `debounced` mode: after a failover,
+    /// the checks acknowledged with an execution count above the one the session came back
+    /// to, which `lost_executions` may leave out.
+    fn uncounted_allowance(&self) -> u64 {
+        match (self.durability, self.failed_over_to) {
+            (DurabilityMode::Debounced, Some(back_to)) => {
+                self.acked.iter().filter(|&&count| count > back_to).count() as u64
             }
             _ => 0,
         }
@@ -204,7 +203,7 @@ impl Counter {
                 self.note_probes(faults, session);
             }
             let beyond = (self.expected - found).saturating_sub(self.allowed_loss());
-            if beyond > 0 && beyond <= self.uncounted_allowance(faults) {
+            if beyond > 0 && beyond <= self.uncounted_allowance() {
                 verdict.uncounted = beyond;
             } else if beyond > 0 {
                 verdict.lost = Some(LostState {
@@ -234,13 +233,18 @@ impl Counter {
             self.expected = 0;
         } else {
             self.uncertain = false;
-            if self.acked_s.len() == ACKS_KEPT {
-                self.acked_s.pop_front();
+            // What came back from a dead node counts on from where it went back to: the
+            // acknowledgements above it are gone, and their counts are given again.
+            if let Some(back_to) = self.failed_over_to {
+                self.acked.retain(|&count| count <= back_to);
             }
-            self.acked_s.push_back(faults.elapsed_s());
+            if self.acked.len() == ACKS_KEPT {
+                self.acked.pop_front();
+            }
+            self.acked.push_back(result.execution_count);
         }
         self.reported_lost = 0;
-        self.failed_over = false;
+        self.failed_over_to = None;
         verdict
     }
 
@@ -251,11 +255,6 @@ impl Counter {
             ..Verdict::default()
         }
     }
-}
-
-/// How many of the acknowledgements at `acked_s` (seconds, oldest first) came after `since_s`.
-fn acked_since(acked_s: &VecDeque<f64>, since_s: f64) -> u64 {
-    acked_s.iter().rev().take_while(|&&at| at > since_s).count() as u64
 }
 
 #[cfg(test)]
@@ -269,34 +268,40 @@ mod tests {
         .expect("a cluster target")
     }
 
-    #[test]
-    fn only_a_debounced_cluster_leaves_a_window_uncounted() {
-        assert_eq!(
-            Counter::new(&cluster("debounced")).uncounted_window_s,
-            Some(2.0)
-        );
-        assert_eq!(Counter::new(&cluster("reply")).uncounted_window_s, None);
-        let daemon: TargetSpec = toml::from_str("kind = \"embedded\"").expect("a target");
-        assert_eq!(Counter::new(&daemon).uncounted_window_s, None);
+    /// What a result says of a session taken over from a dead node that came back to
+    /// execution `back_to`.
+    fn failover(back_to: Option<u64>, lost_may_be_more: bool) -> Recovered {
+        Recovered {
+            checkpoint_id: Some("c-1".into()),
+            lost_executions: 0,
+            execution_count: back_to,
+            fresh_namespace: false,
+            lost_may_be_more,
+            from_node: Some("node-1".into()),
+        }
     }
 
     #[test]
-    fn the_allowance_counts_the_acks_of_the_window_before_the_kill_after_a_failover() {
-        let faults = FaultLog::new(std::time::Instant::now());
+    fn after_a_failover_the_acks_above_the_count_it_came_back_to_may_be_lost() {
         let mut counter = Counter::new(&cluster("debounced"));
-        counter.acked_s = [1.0, 5.0, 8.5, 9.5, 10.0].into_iter().collect();
-        // No node was killed: nothing goes back uncounted.
-        counter.failed_over = true;
-        assert_eq!(counter.uncounted_allowance(&faults), 0);
-        faults.node_killed();
-        let kill_s = faults.last_node_kill().expect("the kill was noted");
-        counter.acked_s = [kill_s - 9.0, kill_s - 2.5, kill_s - 1.5, kill_s - 0.1]
-            .into_iter()
-            .collect();
-        // The window is 2 s (two heartbeats of a 3 s lease): the last two acks.
-        assert_eq!(counter.uncounted_allowance(&faults), 2);
-        // A session that did not come back from a dead node has no allowance.
-        counter.failed_over = false;
-        assert_eq!(counter.uncounted_allowance(&faults), 0);
+        counter.acked = [10, 11, 12, 13].into_iter().collect();
+        assert_eq!(counter.uncounted_allowance(), 0, "no failover");
+        counter.note(Some(&failover(Some(11), true)));
+        assert_eq!(counter.uncounted_allowance(), 2, "checks 12 and 13");
+        // Two failovers before the next check: the lower count holds.
+        counter.note(Some(&failover(Some(12), true)));
+        assert_eq!(counter.uncounted_allowance(), 2);
+        // An engine that does not say where the count went back to admits nothing more.
+        counter.failed_over_to = None;
+        counter.note(Some(&failover(None, true)));
+        assert_eq!(counter.uncounted_allowance(), 0);
+        // Nor does one whose count is exact (a durable reply, or a drain's hand-over).
+        counter.failed_over_to = None;
+        counter.note(Some(&failover(Some(11), false)));
+        assert_eq!(counter.uncounted_allowance(), 0);
+        let mut durable = Counter::new(&cluster("reply"));
+        durable.acked = [10, 11].into_iter().collect();
+        durable.note(Some(&failover(Some(9), true)));
+        assert_eq!(durable.uncounted_allowance(), 0, "reply mode loses nothing");
     }
 }

@@ -222,8 +222,6 @@ pub struct FaultLog {
     /// Recovery probes running in clients' sessions, and what they were told.
     probes: Arc<Mutex<HashMap<String, Probe>>>,
     probe_ended: Arc<Notify>,
-    /// When the last `node_kill` SIGKILLed its node, in seconds since the start.
-    last_node_kill: Arc<Mutex<Option<f64>>>,
 }
 
 /// A recovery probe of one session: the first execution after a crash may be the probe's,
@@ -242,23 +240,7 @@ impl FaultLog {
             last: Arc::default(),
             probes: Arc::default(),
             probe_ended: Arc::default(),
-            last_node_kill: Arc::default(),
         }
-    }
-
-    /// Seconds since the start at which the last `node_kill` SIGKILLed its node.
-    pub fn last_node_kill(&self) -> Option<f64> {
-        *self
-            .last_node_kill
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn node_killed(&self) {
-        *self
-            .last_node_kill
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(self.elapsed_s());
     }
 
     fn probes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Probe>> {
@@ -485,7 +467,6 @@ async fn node_fault(
             return record;
         }
     };
-    log.node_killed();
     let down = Duration::from_secs_f64(spec.for_s.unwrap_or(NODE_DOWN_S));
     let restart = async {
         tokio::time::sleep(down).await;

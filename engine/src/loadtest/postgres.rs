@@ -3,7 +3,8 @@
 //! `scripts/cluster-packages.sh` installs them: `initdb` in a temporary directory, the server
 //! on a Unix socket in it only (no TCP), `fsync` off (the data dies with it). PostgreSQL
 //! refuses to run as root: as root the server runs as the system user `pyvisor-pg`, which
-//! that script creates. Stopped (fast shutdown) and removed when dropped.
+//! that script creates. Stopped (fast shutdown) and removed when dropped; a test can restart
+//! it on the same data ([`Postgres::stop`], [`Postgres::start_again`]).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Postgres {
     child: Child,
     dir: tempfile::TempDir,
+    /// [`Postgres::stop`] stopped it.
+    stopped: bool,
 }
 
 impl Postgres {
@@ -64,23 +67,44 @@ impl Postgres {
             ));
         }
         let log_path = dir.path().join("server.log");
-        let log = std::fs::File::create(&log_path)
+        std::fs::File::create(&log_path)
             .map_err(|err| format!("create PostgreSQL's log: {err}"))?;
         give(&log_path)?;
-        let child = as_server_user(Command::new(bin.join("postgres")), ids)
-            .current_dir(dir.path())
-            .arg("-D")
-            .arg(dir.path().join("data"))
-            .arg("-k")
-            .arg(dir.path())
-            .args(["-c", "listen_addresses=", "-c", "fsync=off"])
-            .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|err| format!("start {}: {err}", bin.join("postgres").display()))?;
-        Ok(Postgres { child, dir })
+        let child = serve(dir.path(), &bin, ids)?;
+        Ok(Postgres {
+            child,
+            dir,
+            stopped: false,
+        })
+    }
+
+    /// Starts the server again on the same data after [`Postgres::stop`], as an operator's
+    /// restart does; returns once it accepts connections.
+    pub async fn start_again(&mut self) -> Result<(), String> {
+        if self.stopped {
+            self.child = serve(self.dir.path(), &bin_dir()?, server_ids()?)?;
+            self.stopped = false;
+        }
+        ready(self.dir.path()).await.map(drop)
+    }
+
+    /// Stops the server: a fast shutdown (its connections end), then SIGKILL after 10 s.
+    pub fn stop(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        // SIGINT is PostgreSQL's fast shutdown: it ends the backends and exits.
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGINT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// The directory of the server's Unix socket.
@@ -99,8 +123,39 @@ impl Postgres {
     }
 }
 
+/// The server of the data in `dir`, listening on a socket there only, its log appended to
+/// `dir/server.log`.
+fn serve(dir: &Path, bin: &Path, ids: Option<(u32, u32)>) -> Result<Child, String> {
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("server.log"))
+        .map_err(|err| format!("open PostgreSQL's log: {err}"))?;
+    as_server_user(Command::new(bin.join("postgres")), ids)
+        .current_dir(dir)
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-k")
+        .arg(dir)
+        .args(["-c", "listen_addresses=", "-c", "fsync=off"])
+        .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|err| format!("start {}: {err}", bin.join("postgres").display()))
+}
+
 /// [`Postgres::create_database`] of the server whose socket is in `socket_dir`.
 pub async fn create_database(socket_dir: &Path, name: &str) -> Result<(), String> {
+    let client = ready(socket_dir).await?;
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .map_err(|err| format!("create the database {name}: {err}"))
+}
+
+/// A connection to the server whose socket is in `socket_dir`, once it accepts one.
+async fn ready(socket_dir: &Path) -> Result<tokio_postgres::Client, String> {
     let admin = format!("host={} user={ROLE} dbname=postgres", socket_dir.display());
     let config: tokio_postgres::Config = admin
         .parse()
@@ -121,10 +176,7 @@ pub async fn create_database(socket_dir: &Path, name: &str) -> Result<(), String
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     };
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .map_err(|err| format!("create the database {name}: {err}"))
+    Ok(client)
 }
 
 /// The log of the server in `dir`.
@@ -134,18 +186,7 @@ fn log(dir: &Path) -> String {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        // SIGINT is PostgreSQL's fast shutdown: it ends the backends and exits.
-        let pid = Pid::from_raw(self.child.id() as i32);
-        let _ = kill(pid, Signal::SIGINT);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 

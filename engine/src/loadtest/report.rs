@@ -248,8 +248,9 @@ pub struct Report {
     pub wrong_examples: Vec<String>,
     pub lost_state: Vec<LostState>,
     /// Counter increments that sessions taken over from a killed node lost beyond their
-    /// `lost_executions`, within the window that lower bound leaves out (acknowledged after
-    /// the dead node's last heartbeat; docs/cluster.md#failover): allowed, and shown.
+    /// `lost_executions` (acknowledged after the dead node's last heartbeat), each admitted
+    /// by the `recovered.execution_count` the session came back to
+    /// (docs/cluster.md#failover): allowed, and shown.
     pub lost_uncounted: u64,
     pub faults: Vec<FaultRecord>,
     pub faults_unrecovered: u64,
@@ -344,7 +345,7 @@ impl Report {
                 0 => String::new(),
                 n => format!(
                     " (and {n} executions lost after a dead node's last heartbeat, \
-                     beyond lost_executions)"
+                     beyond lost_executions, admitted by recovered.execution_count)"
                 ),
             },
             self.crashes,

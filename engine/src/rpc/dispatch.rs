@@ -18,6 +18,7 @@ mod handles;
 mod methods;
 mod report;
 
+use cluster::Sent;
 use handles::SessionHandles;
 
 use super::caller::Caller;
@@ -90,7 +91,8 @@ impl Dispatcher {
 
     /// Runs `method` with `params` for `caller`. Notifications a streaming execution
     /// produces go to `out` before this returns. With `[cluster]`, a call for a session
-    /// another live node holds is sent on to that node.
+    /// another live node holds is sent on to that node; when that node cannot be reached,
+    /// the call waits for its lease to run out and takes the session over here.
     pub async fn call(
         &self,
         caller: &Caller,
@@ -108,9 +110,23 @@ impl Dispatcher {
             return answer;
         }
         let copy = params.clone();
-        match self.call_here(caller, method, params, out).await {
-            Err(err) => self.forward(&target, method, copy, err, out).await,
-            answer => answer,
+        let err = match self.call_here(caller, method, params, out).await {
+            Err(err) => err,
+            answer => return answer,
+        };
+        match self.forward(&target, method, &copy, err, out).await {
+            // The holder is gone, it seems: its lease runs out soon, and then the call may
+            // take the session over here, once, rather than be refused and sent again.
+            Sent::Unreachable(_) if target.wait_out_lease().await => {
+                match self.call_here(caller, method, copy.clone(), out).await {
+                    Err(err) => self
+                        .forward(&target, method, &copy, err, out)
+                        .await
+                        .answer(),
+                    answer => answer,
+                }
+            }
+            sent => sent.answer(),
         }
     }
 

@@ -102,6 +102,12 @@ impl Outbound {
         &self.peer
     }
 
+    /// The same table, for what routes answers to it from elsewhere (a bridged stream's
+    /// answers, which another node brings).
+    pub fn shared_peer(&self) -> Arc<PeerRequests> {
+        self.peer.clone()
+    }
+
     /// Whether nothing reads the queue any more (or never did: a plain HTTP request).
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()

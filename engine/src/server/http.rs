@@ -6,9 +6,10 @@
 //! [`HttpServer::start`] runs actix-web on an actix System on a thread of its own, so the
 //! rest of the daemon may use any runtime. actix-server's own signal handling is off: the
 //! daemon decides when to stop and calls [`HttpServer::stop`]. The REST handlers live in
-//! `routes`, the streamed execution in `stream`, the WebSocket connection in `ws`, the file
-//! routes in `files`.
+//! `routes`, the streamed execution in `stream` (the bridge of a forwarded one in `bridge`),
+//! the WebSocket connection in `ws`, the file routes in `files`.
 
+mod bridge;
 mod files;
 mod guard;
 mod memory;
@@ -99,6 +100,8 @@ struct State {
     metrics: Option<PrometheusHandle>,
     ready: Arc<AtomicBool>,
     shutdown: watch::Receiver<bool>,
+    /// The streamed answers whose `bridge.llm` requests another node relays.
+    bridges: Arc<bridge::Bridges>,
 }
 
 impl HttpServer {
@@ -129,6 +132,7 @@ impl HttpServer {
             metrics: options.metrics,
             ready: options.ready,
             shutdown: shutdown_rx,
+            bridges: Arc::default(),
         });
         let (addr, max_connections) = (options.addr, options.max_connections);
         let (bound_tx, bound_rx) = std::sync::mpsc::channel();
@@ -229,6 +233,10 @@ fn serve(
             .default_service(web::to(not_found))
     })
     .workers(WORKERS)
+    // A streamed answer is written a line at a time: without this, each line after the
+    // first waits for the peer's delayed ACK (40 ms on Linux) on a kept-alive connection,
+    // which is what another node's forwards use.
+    .tcp_nodelay(true)
     // A client that trickles its headers is cut off (the body has its own timeout).
     .client_request_timeout(request_timeout)
     .max_connections(max_connections.div_ceil(WORKERS).max(1))

@@ -25,7 +25,7 @@ async fn start(conn: &mut Conn, id: &str, session: &str, code: &str) {
 }
 
 /// Reads messages until one satisfies `wanted`, which it returns; the others are dropped.
-async fn until(conn: &mut Conn, wanted: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn until(conn: &mut Conn, wanted: impl Fn(&Value) -> bool) -> Value {
     loop {
         let message = conn.read().await.expect("the daemon keeps the connection");
         if wanted(&message) {
@@ -37,7 +37,7 @@ async fn until(conn: &mut Conn, wanted: impl Fn(&Value) -> bool) -> Value {
 /// Reads until both the `bridge.cancel` of `call` and the response `id` came, in either
 /// order (the notice follows the call's end, which may be after the execution's result);
 /// returns the response.
-async fn cancelled_and_done(conn: &mut Conn, call: &Value, id: &str) -> Value {
+pub(crate) async fn cancelled_and_done(conn: &mut Conn, call: &Value, id: &str) -> Value {
     let (mut cancelled, mut done) = (false, None);
     while !cancelled || done.is_none() {
         let message = conn.read().await.expect("the daemon keeps the connection");
@@ -52,11 +52,11 @@ async fn cancelled_and_done(conn: &mut Conn, call: &Value, id: &str) -> Value {
     done.unwrap()
 }
 
-fn is_bridge_call(message: &Value) -> bool {
+pub(crate) fn is_bridge_call(message: &Value) -> bool {
     message["method"] == "bridge.llm"
 }
 
-async fn answer(conn: &mut Conn, call: &Value, result: Value) {
+pub(crate) async fn answer(conn: &mut Conn, call: &Value, result: Value) {
     conn.send(&json!({"jsonrpc": "2.0", "id": call["id"], "result": result}))
         .await;
 }

@@ -1,13 +1,16 @@
 //! Failover under load, against a real throwaway PostgreSQL and real daemon processes: the
 //! sessions of a killed node taken over together on one survivor, each claimed and restored
 //! once; a request whose remembered holder lost the session, counted once as forwarded
-//! when the store's holder answers it; and the execution count a failover admits as lost,
-//! taken from the holder that died, not from the one before it.
+//! when the store's holder answers it; the execution count a failover admits as lost,
+//! taken from the holder that died, not from the one before it; and a session taken over
+//! counting its executions on from its checkpoint's count, which its first result names.
 
 use crate::common;
 use crate::common::postgres;
 
 use std::time::Duration;
+
+use serde_json::json;
 
 use nix::sys::signal::Signal;
 use pyvisor::cluster::directory::{self, Held};
@@ -198,4 +201,59 @@ async fn a_failover_counts_the_executions_the_dead_holder_reported_not_its_prede
         by_a.execution_count, 12,
         "node B's own count, not node A's older and larger one"
     );
+}
+
+/// The execution count of `session` in the store's directory and of its checkpoint there.
+async fn stored_counts(store: &tokio_postgres::Client, session: &str) -> (i64, i64) {
+    let row = store
+        .query_one(
+            "SELECT s.execution_count, c.execution_count FROM pyvisor_sessions s
+             JOIN pyvisor_checkpoints c USING (session_id) WHERE s.session_id = $1",
+            &[&session],
+        )
+        .await
+        .expect("the session and its checkpoint in the store");
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn a_session_taken_over_counts_on_from_its_checkpoint_and_says_so() {
+    let db = postgres::database().await;
+    let homes = tempfile::tempdir().expect("temp dir");
+    let (mut node_a, node_b) = two_nodes(&db, homes.path()).await;
+    let store = db.connect().await;
+    let mut conn = node_a.connect().await;
+    let created = conn.call("session.create", json!({"owner": "alice"})).await;
+    let session = created["session_id"].as_str().expect("an id").to_owned();
+    for code in ["x = 1", "x += 1", "x += 1"] {
+        let ran = execute(&node_a, &session, "alice", code).await;
+        assert_eq!(ran["result"]["status"], "ok", "{ran}");
+    }
+    until("node A's third execution is in the store", || async {
+        let row = store
+            .query_opt(
+                "SELECT execution_count FROM pyvisor_checkpoints WHERE session_id = $1",
+                &[&session],
+            )
+            .await
+            .expect("query the store");
+        row.is_some_and(|row| row.get::<_, i64>(0) == 3)
+    })
+    .await;
+    node_a.child.kill().expect("kill -9 node A");
+    node_a.child.wait().expect("reap node A");
+
+    // The session comes back to execution 3 and counts on from there.
+    let back = execute_once_free(&node_b, &session, "x").await;
+    let result = &back["result"];
+    assert_eq!(result["result"]["repr"], "3", "{back}");
+    assert_eq!(result["recovered"]["execution_count"], 3, "{back}");
+    assert_eq!(result["execution_count"], 4, "{back}");
+    let next = execute(&node_b, &session, "alice", "x += 1").await;
+    assert_eq!(next["result"]["execution_count"], 5, "{next}");
+    // Node B's heartbeat and upload carry the session's count, not one on top of the other.
+    until("node B recorded execution 5", || async {
+        stored_counts(&store, &session).await == (5, 5)
+    })
+    .await;
 }

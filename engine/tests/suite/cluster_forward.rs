@@ -19,20 +19,20 @@ use tempfile::TempDir;
 
 use common::{bearer_client, http_get, Conn, Daemon};
 
-const ADMIN: &str = "admin-secret-token";
-const ALICE: &str = "alice-secret-token";
-const BOB: &str = "bob-secret-token";
+pub(crate) const ADMIN: &str = "admin-secret-token";
+pub(crate) const ALICE: &str = "alice-secret-token";
+pub(crate) const BOB: &str = "bob-secret-token";
 
 /// Two nodes, `node-a` and `node-b`, that reach each other over HTTP on loopback, with the
 /// admin token and a token each for alice and bob.
-struct Pair {
+pub(crate) struct Pair {
     nodes: Vec<Daemon>,
     ports: Vec<u16>,
     _homes: TempDir,
 }
 
 impl Pair {
-    async fn start(db: &postgres::Database) -> Pair {
+    pub(crate) async fn start(db: &postgres::Database) -> Pair {
         let homes = tempfile::tempdir().expect("temp dir");
         let mut tokens = String::new();
         for (owner, token) in [("alice", ALICE), ("bob", BOB)] {
@@ -65,11 +65,11 @@ impl Pair {
         }
     }
 
-    fn holder(&self) -> &Daemon {
+    pub(crate) fn holder(&self) -> &Daemon {
         &self.nodes[0]
     }
 
-    fn other(&self) -> &Daemon {
+    pub(crate) fn other(&self) -> &Daemon {
         &self.nodes[1]
     }
 
@@ -81,14 +81,14 @@ impl Pair {
     }
 
     /// `path` of node `index`'s HTTP API.
-    fn url(&self, index: usize, path: &str) -> String {
+    pub(crate) fn url(&self, index: usize, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.ports[index])
     }
 }
 
 /// The `data` of the `session.output` notifications among `messages`, in order, joined
 /// (a line may come in more than one chunk).
-fn output(messages: &[Value]) -> String {
+pub(crate) fn output(messages: &[Value]) -> String {
     messages
         .iter()
         .filter(|m| m["method"] == "session.output")
@@ -240,7 +240,7 @@ async fn input_through_another_node_is_answered_by_its_client() {
 }
 
 /// A WebSocket to `node`'s route for `session`, with `token`.
-async fn websocket(
+pub(crate) async fn websocket(
     pair: &Pair,
     node: usize,
     session: &str,
@@ -260,7 +260,7 @@ async fn websocket(
 }
 
 /// The next JSON text message of a WebSocket.
-async fn receive(
+pub(crate) async fn receive(
     socket: &mut (impl futures::Stream<Item = Result<ws::Frame, awc::error::WsProtocolError>> + Unpin),
 ) -> Value {
     loop {
@@ -329,7 +329,7 @@ async fn the_websocket_of_another_node_streams_and_takes_input() {
 }
 
 /// What `answer` comes to, within 20 s: the bound of a request that waits for nothing.
-async fn soon<T>(answer: impl std::future::Future<Output = T>) -> T {
+pub(crate) async fn soon<T>(answer: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(20), answer)
         .await
         .expect("answered within 20 s")

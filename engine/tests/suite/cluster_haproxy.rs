@@ -1,9 +1,10 @@
 //! The cluster a newcomer starts (`examples/cluster/run.sh`: a throwaway PostgreSQL, three
 //! nodes, HAProxy with `examples/cluster/haproxy.cfg` in front), used the way a client uses
-//! it: only through HAProxy. A session's requests reach the node that created it without a
-//! forward; the node is killed with SIGKILL and the session's next request through HAProxy
-//! answers with its state and says where it came from; Ctrl-C stops everything the script
-//! started.
+//! it: through HAProxy, and through each node. A session's requests through HAProxy reach the
+//! node that created it without a forward; through each node, they reach it by one forward
+//! from the two others; the node is killed with SIGKILL and the session's next request
+//! through HAProxy answers with its state and says where it came from; Ctrl-C stops
+//! everything the script started.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -135,7 +136,12 @@ fn client() -> awc::Client {
 
 /// `POST /v1/sessions/{session}/execute` with `code` through HAProxy: the status and body.
 async fn execute(cluster: &Cluster, session: &str, code: &str) -> (u16, Value) {
-    let url = cluster.url(&format!("/v1/sessions/{session}/execute"));
+    execute_at(cluster.base, session, code).await
+}
+
+/// The same at the loopback `port` (HAProxy's, or a node's): the status and body.
+async fn execute_at(port: u16, session: &str, code: &str) -> (u16, Value) {
+    let url = format!("http://127.0.0.1:{port}/v1/sessions/{session}/execute");
     match client().post(url).send_json(&json!({"code": code})).await {
         Ok(mut response) => {
             let body = response.body().limit(1 << 20).await.unwrap_or_default();
@@ -197,6 +203,21 @@ async fn a_session_through_haproxy_survives_the_death_of_its_node() {
     for n in 1..=3 {
         let forwarded = metric(cluster.base + n, "pyvisor_cluster_forwarded_total").await;
         assert_eq!(forwarded, 0.0, "node-{n} forwarded nothing");
+    }
+    // Through every node: the holder answers each request, the two others forwarding it.
+    // (Reads only: the state the failover below brings back is the one uploaded.)
+    for n in 1..=3u16 {
+        let (status, result) = execute_at(cluster.base + n, &session, "x").await;
+        assert_eq!(
+            (status, &result["status"]),
+            (200, &json!("ok")),
+            "node-{n}: {result}"
+        );
+        assert_eq!(result["node"], holder.as_str(), "node-{n}: {result}");
+        assert_eq!(result["result"]["repr"], "41", "node-{n}: {result}");
+        let forwarded = metric(cluster.base + n, "pyvisor_cluster_forwarded_total").await;
+        let by_another = u8::from(format!("node-{n}") != holder);
+        assert_eq!(forwarded, f64::from(by_another), "node-{n}");
     }
     // In the default durability mode the holder uploads at its next heartbeat.
     let holder_port = cluster.base + holder.trim_start_matches("node-").parse::<u16>().unwrap();

@@ -222,20 +222,20 @@ impl Dispatcher {
     }
 
     /// Sends a call that failed here with `err` on to the node holding its session, when
-    /// `err` names a live holder; otherwise, or when that node cannot be reached, `err`
-    /// stands.
+    /// `err` names a live holder; otherwise `err` stands, and when that node cannot be
+    /// reached, it stands as [`Sent::Unreachable`].
     pub(super) async fn forward(
         &self,
         target: &Target,
         method: &str,
-        params: Option<Value>,
+        params: &Option<Value>,
         err: RpcError,
         out: &Outbound,
-    ) -> Result<Box<RawValue>, RpcError> {
+    ) -> Sent {
         let (Some(url), Some(Value::Object(params))) = (holder_url(&err), params) else {
-            return Err(err);
+            return Sent::Answer(Err(err));
         };
-        match target.forward(url, method, &params, out).await {
+        match target.forward(url, method, params, out).await {
             Some(answer) => {
                 crate::cluster::metrics::forwarded();
                 target
@@ -243,9 +243,9 @@ impl Dispatcher {
                     .forwarder()
                     .holders()
                     .remember(target.owner(), &target.key, url);
-                answer
+                Sent::Answer(answer)
             }
-            None => Err(err),
+            None => Sent::Unreachable(err),
         }
     }
 
@@ -335,6 +335,24 @@ fn holder_url(err: &RpcError) -> Option<&str> {
         .filter(|url| !url.is_empty())
 }
 
+/// How a call that failed here fared with the node holding its session.
+pub(super) enum Sent {
+    /// The holder's answer; or the call's own error, when it named no live holder.
+    Answer(Result<Box<RawValue>, RpcError>),
+    /// The holder could not be reached: the call's own error (`-32008`, naming it) stands.
+    Unreachable(RpcError),
+}
+
+impl Sent {
+    /// What the caller gets.
+    pub(super) fn answer(self) -> Result<Box<RawValue>, RpcError> {
+        match self {
+            Sent::Answer(answer) => answer,
+            Sent::Unreachable(err) => Err(err),
+        }
+    }
+}
+
 /// A call that may be sent on to the node holding its session.
 pub(super) struct Target {
     node: Arc<Node>,
@@ -348,6 +366,12 @@ pub(super) struct Target {
 impl Target {
     fn owner(&self) -> Option<&str> {
         self.owner.as_deref()
+    }
+
+    /// Waits for the lease of the session, whose holder cannot be reached, to run out
+    /// ([`Node::wait_out_lease`]): whether the call is worth one more try here.
+    pub(super) async fn wait_out_lease(&self) -> bool {
+        self.node.wait_out_lease(&self.key).await
     }
 
     /// The answer of the node at `url` to `method` with `params`; `None` when that node

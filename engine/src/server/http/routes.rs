@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{stream, ws, ApiError, State};
+use super::{bridge, stream, ws, ApiError, State};
 use crate::rpc::strict_json::{self, duplicate_message, ParamsError};
 use crate::rpc::wire::{method, Created, ListParams};
 use crate::rpc::{code, Caller, Outbound, RpcError};
@@ -35,6 +35,7 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/sessions/{id}/complete", post_method(method::COMPLETE))
             .route("/sessions/{id}/fork", post_method(method::FORK))
             .route("/sessions/{id}/ws", web::get().to(ws::connect))
+            .route("/sessions/{id}/bridge", web::post().to(bridge::answer))
             .configure(super::files::configure)
             .configure(super::memory::configure)
             .configure(super::tasks::configure)
