@@ -300,6 +300,52 @@ mod tests {
     }
 
     #[test]
+    fn features_say_what_the_session_did_with_a_guess_and_its_object() {
+        use pyvisor_protocol::messages::CellFacts;
+
+        use super::super::scenarios::{column, frame};
+
+        let mut model = SessionModel::new();
+        let mut run = |code: &str, binds: &[&str], objects: &[&str]| {
+            let facts = CellFacts {
+                binds: binds.iter().map(|s| s.to_string()).collect(),
+                objects: objects
+                    .iter()
+                    .map(|o| frame(o, vec![column("a", "int64", 5)]))
+                    .collect(),
+                ..CellFacts::default()
+            };
+            model.observe(code, &facts, true);
+        };
+        run("old = load()", &["old"], &["old"]);
+        run("old.head()", &[], &["old"]);
+        run("df = load()", &["df"], &["df"]);
+        let recall = model.recall();
+        let table = [0.0, 0.2, 0.0, 0.0, 0.0];
+        let history = [0.0, 0.0, 0.05, 0.0, 0.0];
+        let of = |code: &str, by_source: &[f64; 5]| {
+            model.features(code, "$0.head()", by_source, &recall)
+        };
+        let again = of("old.head()", &history);
+        let fresh = of("df.head()", &table);
+        // The source's share is the offset, then the bias.
+        assert!((fresh[0] - (0.2f64 / 0.8).ln()).abs() < 1e-9, "{fresh:?}");
+        assert_eq!(fresh[1], 1.0);
+        assert_eq!((fresh[2], fresh[3]), (1.0, 0.0), "{fresh:?}");
+        assert_eq!((again[2], again[3]), (0.0, 1.0), "{again:?}");
+        // `old.head()` ran and nothing changed `old` since; `df` was just bound.
+        assert_eq!((again[7], again[8]), (1.0, 0.0), "{again:?}");
+        assert_eq!((fresh[7], fresh[11]), (0.0, 1.0), "{fresh:?}");
+        assert!(
+            fresh[9] > again[9],
+            "df is more recent: {fresh:?} {again:?}"
+        );
+        // The session ran `$0.head()`, on `old` and not on `df`.
+        assert_eq!((fresh[12], fresh[13]), (1.0, 0.0), "{fresh:?}");
+        assert_eq!((again[12], again[13]), (1.0, 1.0), "{again:?}");
+    }
+
+    #[test]
     fn no_fit_without_both_outcomes() {
         assert_eq!(Ranker::fit(&[sample(0.5, 1.0, 0.0, true)]), None);
         assert_eq!(Ranker::fit(&[]), None);
