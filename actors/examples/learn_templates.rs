@@ -8,13 +8,15 @@
 //!
 //! The input is a folder of training sequences (facts read from the code, CSV headers from
 //! the `data` folder beside it) or a facts trace (`.jsonl`, one executed cell a line).
-//! Sequences of held-out repositories are left out of the counts.
+//! Sequences of held-out repositories are left out of the counts. The table holds the
+//! counts and the ranker's weights, fitted on guesses for each group of repositories made
+//! with a table counted without them (`train.rs`); the weights are printed.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use pyvisor_actors::proactive::predict::offline::{load, repository};
-use pyvisor_actors::proactive::predict::{Limits, TableBuilder};
+use pyvisor_actors::proactive::predict::offline::{load, repository, TraceCell};
+use pyvisor_actors::proactive::predict::{train, Limits, FEATURE_NAMES};
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -43,25 +45,28 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(&format!("failed to read {}: {e}", input.display())),
     };
-    let limits = Limits::default();
-    let mut builder = TableBuilder::new();
-    let mut used = 0;
-    for cells in &sequences {
-        let held = cells
-            .first()
-            .is_some_and(|c| hold_out.iter().any(|h| h == repository(&c.sequence)));
-        if !held {
-            builder.add_sequence(cells, limits.ranks);
-            used += 1;
-        }
-    }
-    let table = builder.build(&limits);
+    let kept: Vec<Vec<TraceCell>> = sequences
+        .iter()
+        .filter(|cells| {
+            !cells
+                .first()
+                .is_some_and(|c| hold_out.iter().any(|h| h == repository(&c.sequence)))
+        })
+        .cloned()
+        .collect();
+    let used = kept.len();
+    let table = train(&kept, &Limits::default());
     let json = match serde_json::to_string_pretty(&table) {
         Ok(j) => j,
         Err(e) => return usage(&format!("failed to serialise the table: {e}")),
     };
     if let Err(e) = std::fs::write(&out, json.as_bytes()) {
         return usage(&format!("failed to write {}: {e}", out.display()));
+    }
+    if let Some(ranker) = &table.ranker {
+        for (name, weight) in FEATURE_NAMES.iter().zip(&ranker.weights) {
+            eprintln!("ranker: {weight:>8.4}  {name}");
+        }
     }
     let followers: usize = table.next.values().map(|f| f.top.len()).sum();
     eprintln!(

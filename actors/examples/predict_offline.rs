@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use pyvisor_actors::proactive::predict::offline::{load, repository, TraceCell};
 use pyvisor_actors::proactive::predict::{
-    evaluate, Coverage, Learned, Limits, SessionModel, Table, TableBuilder,
+    evaluate, folds_by_repository, train, Coverage, Learned, Limits, SessionModel, Table,
 };
 
 /// Guesses speculated per idle gap, whose outcomes are recorded.
@@ -67,7 +67,7 @@ fn main() -> ExitCode {
             .first()
             .is_some_and(|c| hold_out.iter().any(|h| h == repository(&c.sequence)))
     };
-    let (test, train): (Vec<Vec<TraceCell>>, Vec<Vec<TraceCell>>) =
+    let (test, training_set): (Vec<Vec<TraceCell>>, Vec<Vec<TraceCell>>) =
         sequences.iter().cloned().partition(|c| held(&c));
     let table = match table_path {
         Some(path) => match std::fs::read_to_string(&path)
@@ -77,17 +77,10 @@ fn main() -> ExitCode {
             Ok(t) => t,
             Err(e) => return usage(&format!("failed to read {}: {e}", path.display())),
         },
-        None => {
-            let limits = Limits::default();
-            let mut builder = TableBuilder::new();
-            for cells in &train {
-                builder.add_sequence(cells, limits.ranks);
-            }
-            builder.build(&limits)
-        }
+        None => train(&training_set, &Limits::default()),
     };
     let mut learned = Learned::new();
-    let training = evaluate(&train, &table, &mut learned, &ks, OFFERED);
+    let training = evaluate(&training_set, &table, &mut learned, &ks, OFFERED);
     report("training repositories", &training, &ks);
     if !test.is_empty() {
         let mut learned = Learned::new();
@@ -101,30 +94,19 @@ fn main() -> ExitCode {
 /// Splits the repositories into `folds` groups; each group is evaluated with a table
 /// learned from the others, and the figures are summed.
 fn cross_validate(sequences: &[Vec<TraceCell>], folds: usize, ks: &[usize]) -> Coverage {
-    let mut repositories: Vec<&str> = sequences
-        .iter()
-        .filter_map(|cells| cells.first().map(|c| repository(&c.sequence)))
-        .collect();
-    repositories.sort();
-    repositories.dedup();
-    let fold_of = |cells: &Vec<TraceCell>| {
-        let repo = cells.first().map_or("", |c| repository(&c.sequence));
-        repositories.iter().position(|r| *r == repo).unwrap_or(0) % folds
-    };
+    let fold_of = folds_by_repository(sequences, folds);
     let mut total = Coverage::default();
     for fold in 0..folds {
-        let limits = Limits::default();
-        let mut builder = TableBuilder::new();
-        for cells in sequences.iter().filter(|c| fold_of(c) != fold) {
-            builder.add_sequence(cells, limits.ranks);
-        }
-        let table = builder.build(&limits);
-        let test: Vec<Vec<TraceCell>> = sequences
-            .iter()
-            .filter(|c| fold_of(c) == fold)
-            .cloned()
-            .collect();
-        let part = evaluate(&test, &table, &mut Learned::new(), ks, OFFERED);
+        let pick = |in_fold: bool| -> Vec<Vec<TraceCell>> {
+            sequences
+                .iter()
+                .zip(&fold_of)
+                .filter(|(_, f)| (**f == fold) == in_fold)
+                .map(|(cells, _)| cells.clone())
+                .collect()
+        };
+        let table = train(&pick(false), &Limits::default());
+        let part = evaluate(&pick(true), &table, &mut Learned::new(), ks, OFFERED);
         total.cells += part.cells;
         total.single += part.single;
         for (k, n) in part.covered {
@@ -196,15 +178,12 @@ fn explain_cell(sequences: &[Vec<TraceCell>], at: &str) -> ExitCode {
     else {
         return usage(&format!("no sequence {name}"));
     };
-    let limits = Limits::default();
-    let mut builder = TableBuilder::new();
-    for other in sequences
+    let others: Vec<Vec<TraceCell>> = sequences
         .iter()
         .filter(|c| c.first().map(|c| repository(&c.sequence)) != Some(repository(name)))
-    {
-        builder.add_sequence(other, limits.ranks);
-    }
-    let table = builder.build(&limits);
+        .cloned()
+        .collect();
+    let table = train(&others, &Limits::default());
     let mut model = SessionModel::new();
     for cell in cells.iter().take(index) {
         model.observe(&cell.code, &cell.facts, cell.ok());

@@ -10,6 +10,7 @@ use super::model::{column_class, Context, SessionModel};
 use super::normal::render;
 use super::normal::{normalise, single_expression};
 use super::prediction::{Prediction, Source};
+use super::rank::Features;
 use super::syntax::assigned;
 use super::table::Table;
 use super::template::{
@@ -28,6 +29,16 @@ const MAX_FILLINGS: usize = 40;
 const HINT_CHILDREN: usize = 6;
 /// The probability a hint starts with.
 const HINT_PRIOR: f64 = 0.9;
+/// Guesses pooled from the sources, before ranking: the most a call of `predict` ranks.
+const CANDIDATES: usize = 300;
+
+/// A pooled guess and its features for the ranker.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub prediction: Prediction,
+    pub features: Features,
+}
+
 /// A filling of a template's slots under construction.
 #[derive(Debug, Clone)]
 struct Partial {
@@ -86,36 +97,21 @@ impl SessionModel {
     /// assignment) first, then single expressions by expected saving.
     pub fn predict(&self, table: &Table, learned: &Learned, limit: usize) -> Vec<Prediction> {
         let mut out = self.hinted(table, learned);
-        let mut pool = Pool::default();
-        self.guess_from_table(table, &mut pool);
-        self.guess_from_chain(table, &mut pool);
-        self.guess_from_history(table, &mut pool);
-        let mut ranked: Vec<Prediction> = pool
-            .entries
+        let mut ranked: Vec<Prediction> = self
+            .candidates(table)
             .into_iter()
-            .filter(|(normal, _)| !out.iter().any(|p| &p.normal == normal))
-            .map(|(normal, e)| {
-                let (source, _) = Source::ALL
-                    .iter()
-                    .map(|&s| (s, e.by_source[s as usize]))
-                    .fold(
-                        (Source::Namespace, -1.0),
-                        |a, b| if b.1 > a.1 { b } else { a },
-                    );
-                let prior = e.by_source.iter().sum::<f64>().min(1.0);
-                let cost_ms = learned
-                    .runtime(&e.template)
-                    .or_else(|| table.runtime_ms.get(&e.template).copied())
-                    .unwrap_or(e.cost_ms);
-                Prediction {
-                    probability: learned.probability(source, &e.template, prior),
-                    code: e.code,
-                    normal,
-                    source,
-                    template: e.template,
-                    cost_ms,
-                    after: None,
+            .filter(|c| !out.iter().any(|p| p.normal == c.prediction.normal))
+            .map(|c| {
+                let mut p = c.prediction;
+                let prior = match &table.ranker {
+                    Some(ranker) => ranker.probability(&c.features),
+                    None => p.probability,
+                };
+                p.probability = learned.probability(p.source, &p.template, prior);
+                if let Some(ms) = learned.runtime(&p.template) {
+                    p.cost_ms = ms;
                 }
+                p
             })
             .collect();
         ranked.sort_by(|a, b| {
@@ -126,6 +122,55 @@ impl SessionModel {
         out.extend(ranked);
         out.truncate(limit);
         out
+    }
+
+    /// The guesses of every source but hints, pooled by normal form, the likeliest by their
+    /// sources' shares first (at most [`CANDIDATES`]), each with its features for the ranker.
+    /// A guess's probability is its sources' share, before the ranker and outcomes.
+    pub fn candidates(&self, table: &Table) -> Vec<Candidate> {
+        let mut pool = Pool::default();
+        self.guess_from_table(table, &mut pool);
+        self.guess_from_chain(table, &mut pool);
+        self.guess_from_history(table, &mut pool);
+        let mut entries: Vec<(String, Entry)> = pool.entries.into_iter().collect();
+        let share = |e: &Entry| e.by_source.iter().sum::<f64>().min(1.0);
+        entries.sort_by(|a, b| {
+            share(&b.1)
+                .total_cmp(&share(&a.1))
+                .then_with(|| a.0.cmp(&b.0))
+        });
+        entries.truncate(CANDIDATES);
+        let recall = self.recall();
+        entries
+            .into_iter()
+            .map(|(normal, e)| {
+                let (source, _) = Source::ALL
+                    .iter()
+                    .map(|&s| (s, e.by_source[s as usize]))
+                    .fold(
+                        (Source::Namespace, -1.0),
+                        |a, b| if b.1 > a.1 { b } else { a },
+                    );
+                let features = self.features(&normal, &e.template, &e.by_source, &recall);
+                let cost_ms = table
+                    .runtime_ms
+                    .get(&e.template)
+                    .copied()
+                    .unwrap_or(e.cost_ms);
+                Candidate {
+                    prediction: Prediction {
+                        probability: share(&e),
+                        code: e.code,
+                        normal,
+                        source,
+                        template: e.template,
+                        cost_ms,
+                        after: None,
+                    },
+                    features,
+                }
+            })
+            .collect()
     }
 
     /// Hints, and for a hinted assignment what usually follows binding its name.

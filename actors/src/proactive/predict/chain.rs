@@ -7,7 +7,7 @@
 
 use super::normal::render;
 use super::syntax::is_keyword;
-use super::template::{abstract_tokens, relative, Scope};
+use super::template::{abstract_tokens, relative, Scope, Template};
 use super::tokens::{Kind, Token};
 
 /// A single expression as an object name and the trailers applied to it.
@@ -109,7 +109,7 @@ impl Chain {
 /// trailers with names and literals generalised, or `#` and the count when none.
 pub fn drop_key(chain: &Chain, drop: usize, scope: &Scope) -> String {
     let from = chain.trailers.len() - drop;
-    let dropped = abstract_tokens(&chain.suffix(from), scope);
+    let dropped = abstract_suffix(chain, from, scope);
     format!("-{drop}:{}", dropped.context)
 }
 
@@ -156,8 +156,23 @@ pub fn added(prev: &Chain, keep: usize, next: &Chain, scope: &Scope) -> Option<S
         return None;
     }
     let kept = abstract_tokens(&prev.prefix(keep), scope);
-    let add = abstract_tokens(&next.suffix(keep), scope);
+    let add = abstract_suffix(next, keep, scope);
     Some(relative(&add, std::slice::from_ref(&prev.root), &kept.cols))
+}
+
+/// The trailers of `chain` from `from` on, abstracted as they stand after its root, so that
+/// a column read as an attribute of what is kept (`.SALARY.max()`) is a column slot; the
+/// root itself is not written, and stands for `$0` where the trailers name it again.
+fn abstract_suffix(chain: &Chain, from: usize, scope: &Scope) -> Template {
+    let mut tokens = chain.prefix(0);
+    tokens.extend(chain.suffix(from));
+    let mut template = abstract_tokens(&tokens, scope);
+    for text in [&mut template.key, &mut template.context] {
+        if let Some(rest) = text.strip_prefix("$0") {
+            *text = rest.to_string();
+        }
+    }
+    template
 }
 
 /// The columns the kept part of a chain uses, for `$pc…` slots.
@@ -224,5 +239,27 @@ mod tests {
         assert_eq!(added(&prev, 2, &next, &s), None);
         let suffix = tokenize(".median()").expect("tokenizes");
         assert_eq!(render(&join(&prev, 1, suffix)), "df['a'].median()");
+    }
+
+    #[test]
+    fn a_column_read_as_an_attribute_of_the_kept_part_is_a_slot() {
+        let s = scope();
+        let prev = chain("df.a.max()");
+        let next = chain("df.b.median()");
+        // Keeping only the root, the next cell read another column: a column slot, not
+        // the label `b` as written.
+        assert_eq!(added(&prev, 0, &next, &s).as_deref(), Some(".$c0.median()"));
+        assert_eq!(drop_key(&prev, 2, &s), "-2:.$c0.max()");
+        let grouped = chain("df.groupby('a').b.sum()");
+        assert_eq!(
+            added(&chain("df.groupby('a')"), 1, &grouped, &s).as_deref(),
+            Some(".$c0.sum()")
+        );
+        // The root named again in the trailers is the previous cell's root.
+        let filtered = chain("df[df.a > 3]");
+        assert_eq!(
+            added(&prev, 0, &filtered, &s).as_deref(),
+            Some("[$p0.$c0>3]")
+        );
     }
 }

@@ -118,7 +118,7 @@ impl SessionModel {
     }
 
     /// Whether a later cell bound or changed a name that `past` reads.
-    fn changed_since(&self, past: &Observed) -> bool {
+    pub(super) fn changed_since(&self, past: &Observed) -> bool {
         self.history.iter().filter(|h| h.seq > past.seq).any(|h| {
             h.bound
                 .iter()

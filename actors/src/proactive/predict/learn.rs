@@ -298,6 +298,7 @@ impl TableBuilder {
                 .filter(|(k, _)| used.contains(*k))
                 .map(|(k, (n, sum))| (k.clone(), (sum / *n as f64 * 100.0).round() / 100.0))
                 .collect(),
+            ranker: None,
         }
     }
 }

@@ -16,19 +16,24 @@ mod model;
 mod normal;
 pub mod offline;
 mod prediction;
+mod rank;
 #[cfg(test)]
 mod scenarios;
 mod syntax;
 mod table;
 mod template;
 mod tokens;
+mod train;
 mod varied;
 
+pub use candidates::Candidate;
 pub use evaluate::{evaluate, Coverage};
 pub use learn::{Limits, TableBuilder};
 pub use learned::Learned;
 pub use model::{Context, Observed, SessionModel};
 pub use normal::{is_single_expression, normalise};
 pub use prediction::{Prediction, Source, MIN_COST_MS};
+pub use rank::{Features, Ranker, FEATURES, FEATURE_NAMES};
 pub use table::{Followers, Rate, Table};
 pub use template::{abstract_cell, instantiate, Filling, Scope, Template};
+pub use train::{folds_by_repository, train};

@@ -65,6 +65,17 @@ fn loaded() -> SessionModel {
     model
 }
 
+/// The session reads a second frame like the first, `returns`.
+fn read_returns(model: &mut SessionModel) {
+    let mut other = sales();
+    other.name = "returns".to_string();
+    model.observe(
+        "returns = pd.read_csv('returns.csv')",
+        &facts(&["returns"], vec![other]),
+        true,
+    );
+}
+
 fn codes(predictions: &[Prediction]) -> Vec<&str> {
     predictions.iter().map(|p| p.normal.as_str()).collect()
 }
@@ -151,13 +162,7 @@ fn a_new_frame_gets_what_the_session_did_to_the_last_one() {
     let mut model = loaded();
     model.observe("sales.shape", &facts(&[], vec![]), true);
     model.observe("sales.dtypes", &facts(&[], vec![]), true);
-    let mut other = sales();
-    other.name = "returns".to_string();
-    model.observe(
-        "returns = pd.read_csv('returns.csv')",
-        &facts(&["returns"], vec![other]),
-        true,
-    );
+    read_returns(&mut model);
     let predictions = model.predict(Table::builtin(), &Learned::new(), 30);
     let history: Vec<&str> = predictions
         .iter()
@@ -206,4 +211,21 @@ fn a_reduction_is_followed_by_what_followed_any_reduction() {
         .chain
         .insert("-1~._()".to_string(), followers(&[(".median()", 3)]));
     assert!(guessed(&table));
+}
+
+#[test]
+fn the_ranker_puts_the_frame_just_read_before_the_one_looked_at_earlier() {
+    let mut model = loaded();
+    model.observe("sales.head()", &facts(&[], vec![]), true);
+    model.observe("sales.shape", &facts(&[], vec![]), true);
+    read_returns(&mut model);
+    let table = Table::builtin();
+    assert!(table.ranker.is_some(), "the committed table has a ranker");
+    let predictions = model.predict(table, &Learned::new(), 30);
+    let top = codes(&predictions);
+    assert!(top[0].starts_with("returns"), "{top:?}");
+    // Summed, the sources put `sales.head()` fifth (run before, unchanged since); the
+    // ranker puts the new frame's usual first inspections before it.
+    let new_ones = top.iter().take_while(|c| c.starts_with("returns")).count();
+    assert!(new_ones >= 6, "the frame just read comes first: {top:?}");
 }

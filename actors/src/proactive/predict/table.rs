@@ -18,6 +18,8 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+use super::rank::Ranker;
+
 /// What followed one context in the corpus.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Followers {
@@ -84,6 +86,10 @@ pub struct Table {
     pub attribute_columns: Rate,
     /// Mean runtime of each template in the corpus, in milliseconds.
     pub runtime_ms: BTreeMap<String, f64>,
+    /// The weights that rank pooled guesses (`rank.rs`), fitted on repositories left out of
+    /// the counts; without them a guess's probability is its sources' share.
+    #[serde(default)]
+    pub ranker: Option<Ranker>,
 }
 
 /// How many misses the prior of one history rate is worth.
