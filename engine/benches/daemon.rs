@@ -254,7 +254,11 @@ async fn socket_figures(
 fn http_figures(port: u16, rounds: usize, window: Duration) -> (Figures, f64) {
     let base = format!("http://127.0.0.1:{port}/v1/sessions");
     actix_rt::System::new().block_on(async move {
-        let client = awc::Client::default();
+        // A create may wait for a worker while the sessions of the socket figures close and
+        // the pool refills (awc gives up after 5 s by default).
+        let client = awc::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .finish();
         let create = |client: awc::Client, base: String| async move {
             let mut response = client
                 .post(&base)

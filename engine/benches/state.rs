@@ -287,7 +287,17 @@ async fn kill_to_restored(engine: &Engine, pandas: bool, n: usize) -> (Vec<Durat
         let start = Instant::now();
         kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("kill the worker");
         loop {
-            match session.run("probe").await {
+            // Never an answer computed ahead: the probe measures the recovery, not the cache
+            // (which answers for the namespace as it was before the kill).
+            let probe = session
+                .execute(ExecuteRequest::new("probe").no_cache())
+                .await
+                .map(|execution| execution.result());
+            let probe = match probe {
+                Ok(result) => result.await,
+                Err(err) => Err(err),
+            };
+            match probe {
                 Ok(r) if r.status == ExecutionStatus::Ok => {
                     assert_eq!(r.result.map(|v| v.repr).as_deref(), Some("42"));
                     break;
@@ -467,8 +477,13 @@ async fn main() {
     println!();
     // Without pandas; with a DataFrame (the new worker imports pandas to restore it); and
     // the same with pandas preloaded in the pool's workers.
+    // A second engine needs a state directory of its own (each engine locks its own).
+    let preloaded_dir = tempfile::Builder::new()
+        .prefix("pyvisor-bench-state-preloaded-")
+        .tempdir_in("/tmp")
+        .expect("a temp dir");
     let preloaded = if pandas_available {
-        let engine = engine_in(dir.path(), &["pandas"]).await;
+        let engine = engine_in(preloaded_dir.path(), &["pandas"]).await;
         pool_has_idle(&engine, 2).await;
         Some(engine)
     } else {
