@@ -5,7 +5,7 @@
 //! together), each group that changed since the last checkpoint to a blob file of its own,
 //! and describes the checkpoint in an index (imports, definitions) that is opaque to the host.
 //! [`CheckpointStore::save_checkpoint`] takes the new blobs in under their content hash
-//! ([`blobs`]), and writes a checkpoint file: metadata (execution count, names saved, names
+//! (the `blobs` module), and writes a checkpoint file: metadata (execution count, names saved, names
 //! lost and why, the groups and their blobs) and the index as payload. A group that did not
 //! change points to the blob an earlier checkpoint stored, so checkpoints share their common
 //! blobs and cost only their differences. The store owns one directory:

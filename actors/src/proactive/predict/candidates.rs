@@ -125,7 +125,7 @@ impl SessionModel {
     }
 
     /// The guesses of every source but hints, pooled by normal form, the likeliest by their
-    /// sources' shares first (at most [`CANDIDATES`]), each with its features for the ranker.
+    /// sources' shares first (at most `CANDIDATES`), each with its features for the ranker.
     /// A guess's probability is its sources' share, before the ranker and outcomes.
     pub fn candidates(&self, table: &Table) -> Vec<Candidate> {
         let mut pool = Pool::default();
