@@ -5,7 +5,12 @@
 //! The queue is bounded by bytes, not messages: one answer may carry 10 MiB of output, so a
 //! client that stops reading could otherwise pin gigabytes. A sender waits while the queue
 //! is full; the writer gives up on a peer that makes no progress, which frees the queue.
+//!
+//! It also counts the messages queued and not yet written, so that a writer beside the
+//! queue's (a request's task writing its own reply) can tell when writing now keeps every
+//! message queued before it ahead of it.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -29,6 +34,8 @@ pub struct Outbound {
     max_units: u32,
     /// The server's requests to this connection's client that wait for its response.
     peer: Arc<PeerRequests>,
+    /// Messages queued and not yet written out by the queue's writer.
+    unwritten: Arc<AtomicUsize>,
 }
 
 /// An [`Outbound`] that does not keep the connection's writer waiting for more: what outlives
@@ -39,6 +46,7 @@ pub struct WeakOutbound {
     room: Arc<Semaphore>,
     max_units: u32,
     peer: Arc<PeerRequests>,
+    unwritten: Arc<AtomicUsize>,
 }
 
 impl WeakOutbound {
@@ -49,6 +57,7 @@ impl WeakOutbound {
             room: self.room.clone(),
             max_units: self.max_units,
             peer: self.peer.clone(),
+            unwritten: self.unwritten.clone(),
         })
     }
 }
@@ -57,6 +66,7 @@ impl WeakOutbound {
 #[derive(Debug)]
 pub struct OutboundQueue {
     rx: mpsc::UnboundedReceiver<(String, OwnedSemaphorePermit)>,
+    unwritten: Arc<AtomicUsize>,
 }
 
 impl Outbound {
@@ -64,13 +74,15 @@ impl Outbound {
     pub fn new(capacity_bytes: usize) -> (Self, OutboundQueue) {
         let units = (capacity_bytes / UNIT).clamp(1, u32::MAX as usize / 2);
         let (tx, rx) = mpsc::unbounded_channel();
+        let unwritten = Arc::new(AtomicUsize::new(0));
         let outbound = Self {
             tx,
             room: Arc::new(Semaphore::new(units)),
             max_units: units as u32,
             peer: Arc::new(PeerRequests::open()),
+            unwritten: unwritten.clone(),
         };
-        (outbound, OutboundQueue { rx })
+        (outbound, OutboundQueue { rx, unwritten })
     }
 
     /// A queue nobody reads: messages sent to it are dropped (plain HTTP requests), and no
@@ -94,6 +106,7 @@ impl Outbound {
             room: self.room.clone(),
             max_units: self.max_units,
             peer: self.peer.clone(),
+            unwritten: self.unwritten.clone(),
         }
     }
 
@@ -127,7 +140,7 @@ impl Outbound {
     pub fn try_send(&self, message: String) -> bool {
         let units = (message.len() / UNIT + 1).min(self.max_units as usize) as u32;
         match self.room.clone().try_acquire_many_owned(units) {
-            Ok(permit) => self.tx.send((message, permit)).is_ok(),
+            Ok(permit) => self.enqueue(message, permit),
             Err(_) => false,
         }
     }
@@ -141,7 +154,23 @@ impl Outbound {
         let Ok(permit) = self.room.clone().acquire_many_owned(units).await else {
             return false;
         };
-        self.tx.send((message, permit)).is_ok()
+        self.enqueue(message, permit)
+    }
+
+    /// Counts the message as unwritten before it is in the queue, so that the count never
+    /// misses a message the writer may take.
+    fn enqueue(&self, message: String, permit: OwnedSemaphorePermit) -> bool {
+        self.unwritten.fetch_add(1, Ordering::AcqRel);
+        let sent = self.tx.send((message, permit)).is_ok();
+        if !sent {
+            self.unwritten.fetch_sub(1, Ordering::AcqRel);
+        }
+        sent
+    }
+
+    /// Whether every message queued so far has been written out by the queue's writer.
+    pub fn all_written(&self) -> bool {
+        self.unwritten.load(Ordering::Acquire) == 0
     }
 
     /// Queues a JSON-RPC notification. False when the connection is gone.
@@ -174,6 +203,12 @@ impl OutboundQueue {
     /// Whether no message is waiting.
     pub fn is_empty(&self) -> bool {
         self.rx.is_empty()
+    }
+
+    /// Says that the message [`recv`](Self::recv) gave last is written out (or dropped for
+    /// good): [`Outbound::all_written`] counts it no more.
+    pub fn mark_written(&self) {
+        self.unwritten.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
