@@ -32,9 +32,10 @@
 //!                           └───────────────────────────┘        └─────────────────────┘
 //! ```
 //!
-//! 1. The caller's task (on whatever runtime the embedder runs; in the daemon, a thread of
-//!    the `tokio` runtime that `main` builds) sends `Execute` to the session's actor: an actix
-//!    mailbox, and a tokio unbounded channel handed along for the events.
+//! 1. The caller's task (on whatever runtime the embedder runs; in the daemon, the
+//!    `pyvisor-conn-N` thread that serves the caller's socket connection) sends `Execute` to
+//!    the session's actor: an actix mailbox, and a tokio unbounded channel handed along for
+//!    the events.
 //! 2. The session's [`SessionActor`](pyvisor_actors::session::SessionActor) runs on one of the
 //!    engine's arbiter threads (`actix-rt|system:0|arbiter:N`, `engine.arbiters` of them). It
 //!    encodes the request and writes it straight into the worker's fd 3; only what the pipe
@@ -64,8 +65,11 @@
 //!   to the memory store; `pyvisor-blob-zstd` and `pyvisor-blob-gc` compress and collect
 //!   checkpoint blobs; tokio's blocking pool of each arbiter reads and writes checkpoints.
 //! - A janitor process (Python) kills the workers' process groups if the engine dies.
-//! - The daemon (`pyvisor serve`): the `tokio` runtime of `main` serves the Unix socket and
-//!   stdio connections, one task per connection and one per request in flight; with `--http`,
+//! - The daemon (`pyvisor serve`): the `tokio` runtime of `main` accepts connections and
+//!   serves stdio; each Unix socket connection is dealt to one of the `pyvisor-conn-N`
+//!   threads (a single-threaded runtime each, one per core up to 4), which runs one task per
+//!   request in flight and writes a reply from that task when nothing is queued before it;
+//!   with `--http`,
 //!   `pyvisor-http` runs actix-web's own `System`, and `pyvisor-metrics` keeps the Prometheus
 //!   histograms trimmed.
 

@@ -3,6 +3,7 @@
 //! integration.
 
 mod connection;
+mod connection_threads;
 pub mod http;
 pub mod lifecycle;
 mod stdio;

@@ -23,6 +23,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use super::connection::serve_connection;
+use super::connection_threads::ConnectionThreads;
 use crate::errors::ServeError;
 use crate::rpc::{self, Caller, Dispatcher, RpcError};
 
@@ -139,6 +140,14 @@ impl UnixServer {
         mut shutdown: watch::Receiver<bool>,
     ) {
         let slots = Arc::new(Semaphore::new(max_connections));
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
+        let threads = match ConnectionThreads::start(threads) {
+            Ok(threads) => threads,
+            Err(err) => {
+                tracing::error!(error = %err, "could not start the connection threads");
+                return;
+            }
+        };
         let mut connections = JoinSet::new();
         loop {
             let accepted = tokio::select! {
@@ -171,9 +180,24 @@ impl UnixServer {
                 connections.spawn(refuse(stream, too_many(max_connections)));
                 continue;
             };
+            // The stream leaves this runtime's reactor for the connection thread's.
+            let stream = match stream.into_std() {
+                Ok(stream) => stream,
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not hand a connection over; closed");
+                    continue;
+                }
+            };
             let dispatcher = dispatcher.clone();
             let shutdown = shutdown.clone();
-            connections.spawn(async move {
+            let connection = threads.next_runtime().spawn(async move {
+                let stream = match UnixStream::from_std(stream) {
+                    Ok(stream) => stream,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "could not take a connection over; closed");
+                        return;
+                    }
+                };
                 let (reader, writer) = stream.into_split();
                 serve_connection(
                     dispatcher,
@@ -186,8 +210,12 @@ impl UnixServer {
                 .await;
                 drop(slot);
             });
+            connections.spawn(async move {
+                let _ = connection.await;
+            });
         }
         while connections.join_next().await.is_some() {}
+        drop(threads);
     }
 }
 
