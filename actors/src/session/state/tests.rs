@@ -6,7 +6,7 @@ use std::path::Path;
 
 use pyvisor_protocol::CheckpointGroup;
 
-use super::{is_plain_file_name, store_checkpoint, Destination};
+use super::checkpointing::{is_plain_file_name, store_checkpoint, Destination};
 use crate::checkpoint::{CheckpointError, CheckpointMeta, CheckpointStore, CheckpointStoreConfig};
 
 fn group(file: &str) -> CheckpointGroup {
