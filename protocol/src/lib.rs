@@ -12,6 +12,7 @@ pub mod bridge;
 pub mod errors;
 pub mod frame;
 pub mod messages;
+pub mod zygote;
 
 pub use bridge::{LlmCallKind, LlmFailure, LlmFailureKind};
 pub use errors::FrameError;
@@ -19,7 +20,7 @@ pub use frame::{encode_frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES, FRAME_HEADE
 pub use messages::{
     CellFacts, CheckpointGroup, ClonePlan, ColumnSummary, Definition, DisplayItem, ErrorInfo,
     FileStamp, ForkedClone, HostMessage, Lane, LostName, NameStamp, ObjectSummary, RestoreGroup,
-    ResultValue, Rlimit, RlimitResource, SandboxApplied, SandboxPlan, SpeculativeOutcome,
-    Transaction, Variable, WorkerMessage, WorkerStatus, ZygoteReply, ZygoteRequest,
-    PROTOCOL_VERSION,
+    ResultValue, SandboxApplied, SpeculativeOutcome, Transaction, Variable, WorkerMessage,
+    WorkerStatus, PROTOCOL_VERSION,
 };
+pub use zygote::{Rlimit, RlimitResource, SandboxPlan, ZygoteReply, ZygoteRequest};
