@@ -285,7 +285,13 @@ async fn interrupt(cx: &OpContext<'_>, after_s: f64) -> OpOutcome {
         }
         Err("nothing to interrupt within 30 s".to_owned())
     };
-    let (result, stopped) = tokio::join!(long, stop);
+    // An execution that ends first (its worker or the daemon killed under it) leaves nothing
+    // to interrupt: stop asking then, or the operation would count 30 s of asking.
+    let mut long = std::pin::pin!(long);
+    let (result, stopped) = tokio::select! {
+        result = &mut long => (result, Ok(())),
+        stopped = stop => (long.await, stopped),
+    };
     let mut outcome = match result {
         Ok(result) => {
             let mut outcome = OpOutcome {
