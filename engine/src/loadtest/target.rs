@@ -343,10 +343,14 @@ impl Target {
                 let execution_id = execution.id().to_owned();
                 while let Some(event) = execution.next().await {
                     match event {
-                        ExecutionEvent::InputRequest { .. } => session
-                            .send_input(&execution_id, Some(answer.to_owned()))
-                            .await
-                            .map_err(kind)?,
+                        // An answer that finds no input() pending (the worker died as it
+                        // asked) is not the outcome: the result, and what it says of the
+                        // session's recovery, is.
+                        ExecutionEvent::InputRequest { .. } => {
+                            let _ = session
+                                .send_input(&execution_id, Some(answer.to_owned()))
+                                .await;
+                        }
                         ExecutionEvent::Finished(result) => return Ok(*result),
                         _ => {}
                     }
@@ -362,10 +366,12 @@ impl Target {
                 let mut execution = client.execute_streaming(params).await.map_err(kind)?;
                 while let Some(event) = execution.next().await {
                     match event.map_err(kind)? {
-                        Event::InputRequest { execution_id, .. } => client
-                            .send_input(session, &execution_id, Some(answer.to_owned()))
-                            .await
-                            .map_err(kind)?,
+                        // As above: the result says what became of the execution.
+                        Event::InputRequest { execution_id, .. } => {
+                            let _ = client
+                                .send_input(session, &execution_id, Some(answer.to_owned()))
+                                .await;
+                        }
                         Event::Finished(result) => return Ok(*result),
                         _ => {}
                     }
