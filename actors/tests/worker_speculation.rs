@@ -272,6 +272,25 @@ async fn speculation_leaves_the_namespace_untouched() {
 }
 
 #[tokio::test]
+async fn a_snippet_never_sees_what_an_earlier_pure_one_left_behind() {
+    let mut worker = start().await;
+    ok(
+        &mut worker,
+        "import pandas as pd\ndf = pd.DataFrame({'a': range(5)}, index=list('pqrst'))",
+    )
+    .await;
+    // A label lookup builds the index's hash table, a cache the content check cannot see,
+    // and the frame's memory usage counts it.
+    let usage = "int(df.memory_usage().sum())";
+    let speculation = speculate(&mut worker, &["df.loc['q']", usage], 30_000).await;
+    assert!(speculation.outcome(0).servable);
+    let speculated = speculation.outcome(1);
+    assert!(speculated.servable, "{speculated:?}");
+    let real = ok(&mut worker, usage).await;
+    assert_eq!(speculated.result, real.result, "as if the lookup had not run");
+}
+
+#[tokio::test]
 async fn the_guard_refuses_each_impure_form() {
     let mut worker = start().await;
     ok(

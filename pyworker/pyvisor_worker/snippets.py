@@ -45,6 +45,18 @@ def refuse_input(prompt="", stream=None):
     raise AskedForInput("a speculative run cannot ask for input")
 
 
+def binds(code):
+    """Whether `code` is a binding snippet (see above): the one kind whose run must stay in the
+    process, so that later snippets see what it binds."""
+    try:
+        tree = cells.Cell(code, "<speculation>").tree
+    except (SyntaxError, ValueError):
+        return False
+    namespace = state.namespace
+    return (purity.check(code, namespace, tree) is not None
+            and purity.binding_names(tree, namespace) is not None)
+
+
 def run(code, filename, repr_limit, output_limit, displays):
     """Run `code` in the child as the cell `filename`; its outcome. `displays` is the list that
     display() fills while it runs."""
