@@ -23,8 +23,8 @@ and 2 are memfds, emptied before each snippet. It offers itself to the OOM kille
 getpass() refuse. Each snippet, in order (see snippets for what is checked), is run as
 execution runs a cell, compiled as the cell number it would have if the snippets ran for real
 in order (``<cell-N>``, N = next cell number + index), and a snippet that binds names leaves
-them bound for the later ones. Every other snippet runs in a child of the child, forked for it
-and gone after it: what it leaves behind inside objects, out of the content check's sight (a
+them bound for the later ones. Every other snippet but the last runs in a child of the child,
+forked for it and gone after it: what it leaves behind inside objects, out of the content check's sight (a
 label lookup builds an index's hash table, which a frame's memory usage then counts), never
 reaches a later snippet, whose real run does not follow it. That grandchild dies with the
 child (PR_SET_PDEATHSIG), runs under what is left of cpu_ms, and a signal that ends it ends
@@ -210,7 +210,8 @@ def _child_main(codes, limits, write_fd):
             for index, code in enumerate(codes):
                 del sink[:]
                 filename = "<cell-%d>" % (first + index)
-                if snippets.binds(code):
+                # The last snippet leaves nothing behind for another: no fork needed.
+                if index == len(codes) - 1 or snippets.binds(code):
                     _send(pipe, index, snippets.run(code, filename, repr_limit, output_limit,
                                                     sink))
                 else:
