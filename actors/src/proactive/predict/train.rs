@@ -82,7 +82,7 @@ fn guesses(cells: &[TraceCell], table: &Table) -> Vec<(Features, bool)> {
     for (i, cell) in cells.iter().enumerate() {
         if i > 0 {
             let normal = normalise(&cell.code);
-            for candidate in model.candidates(table).into_iter().take(SAMPLED) {
+            for candidate in model.candidates(table, SAMPLED) {
                 let hit = Some(&candidate.prediction.normal) == normal.as_ref();
                 out.push((candidate.features, hit));
             }
