@@ -45,7 +45,11 @@ pub fn folds_by_repository(sequences: &[Vec<TraceCell>], folds: usize) -> Vec<us
 }
 
 fn count<'a>(sequences: impl Iterator<Item = &'a Vec<TraceCell>>, limits: &Limits) -> Table {
+    let sequences: Vec<&Vec<TraceCell>> = sequences.collect();
     let mut builder = TableBuilder::new();
+    for cells in &sequences {
+        builder.add_vocabulary(cells);
+    }
     for cells in sequences {
         builder.add_sequence(cells, limits.ranks);
     }
