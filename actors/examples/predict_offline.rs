@@ -158,8 +158,8 @@ fn report(title: &str, coverage: &Coverage, ks: &[usize]) {
 }
 
 fn show(coverage: &Coverage, misses: usize) {
-    for (before, cell) in coverage.misses.iter().take(misses) {
-        println!("--- missed after:\n{before}\n>>> {cell}");
+    for (at, before, cell) in coverage.misses.iter().take(misses) {
+        println!("--- {at} missed after:\n{before}\n>>> {cell}");
     }
 }
 

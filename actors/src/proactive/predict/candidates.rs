@@ -29,7 +29,8 @@ const MAX_FILLINGS: usize = 40;
 const HINT_CHILDREN: usize = 6;
 /// The probability a hint starts with.
 const HINT_PRIOR: f64 = 0.9;
-/// Guesses pooled from the sources, before ranking: the most a call of `predict` ranks.
+/// Guesses pooled from the sources, before ranking: the fewest a call of `predict` ranks
+/// (more when it is asked for more).
 const CANDIDATES: usize = 300;
 
 /// A pooled guess and its features for the ranker.
@@ -98,7 +99,7 @@ impl SessionModel {
     pub fn predict(&self, table: &Table, learned: &Learned, limit: usize) -> Vec<Prediction> {
         let mut out = self.hinted(table, learned);
         let mut ranked: Vec<Prediction> = self
-            .candidates(table)
+            .candidates(table, limit.max(CANDIDATES))
             .into_iter()
             .filter(|c| !out.iter().any(|p| p.normal == c.prediction.normal))
             .map(|c| {
@@ -125,9 +126,9 @@ impl SessionModel {
     }
 
     /// The guesses of every source but hints, pooled by normal form, the likeliest by their
-    /// sources' shares first (at most `CANDIDATES`), each with its features for the ranker.
+    /// sources' shares first (at most `at_most`), each with its features for the ranker.
     /// A guess's probability is its sources' share, before the ranker and outcomes.
-    pub fn candidates(&self, table: &Table) -> Vec<Candidate> {
+    pub fn candidates(&self, table: &Table, at_most: usize) -> Vec<Candidate> {
         let mut pool = Pool::default();
         self.guess_from_table(table, &mut pool);
         self.guess_from_chain(table, &mut pool);
@@ -139,7 +140,7 @@ impl SessionModel {
                 .total_cmp(&share(&a.1))
                 .then_with(|| a.0.cmp(&b.0))
         });
-        entries.truncate(CANDIDATES);
+        entries.truncate(at_most);
         let recall = self.recall();
         entries
             .into_iter()

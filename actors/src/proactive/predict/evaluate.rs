@@ -23,8 +23,9 @@ pub struct Coverage {
     pub covered: BTreeMap<usize, usize>,
     /// K to the covered cells by the source of the guess that matched.
     pub by_source: BTreeMap<usize, BTreeMap<&'static str, usize>>,
-    /// Single expressions no guess matched: the cell before and the cell.
-    pub misses: Vec<(String, String)>,
+    /// Single expressions no guess matched: where (`SEQUENCE:INDEX`), the cell before and
+    /// the cell.
+    pub misses: Vec<(String, String, String)>,
     /// Calls of `predict`, their total time and the slowest one.
     pub predict_calls: usize,
     pub predict_time: Duration,
@@ -66,9 +67,11 @@ pub fn evaluate(
                     .iter()
                     .position(|g| Some(&g.normal) == normal.as_ref());
                 if rank.is_none() && is_single_expression(&cell.code) {
-                    coverage
-                        .misses
-                        .push((cells[i - 1].code.clone(), cell.code.clone()));
+                    coverage.misses.push((
+                        format!("{}:{i}", cell.sequence),
+                        cells[i - 1].code.clone(),
+                        cell.code.clone(),
+                    ));
                 }
                 if let Some(rank) = rank {
                     for &k in ks.iter().filter(|&&k| rank < k) {

@@ -1,9 +1,10 @@
 //! The session's own history as a source of guesses: what it ran on one object, run on a
-//! newer object of the same kind (`df.shape` after `df2 = ...` gives `df2.shape`), and an
+//! newer object of the same kind (`df.shape` after `df2 = ...` gives `df2.shape`), an
 //! earlier inspection run again once what it reads has changed (`df.head()` after
-//! `df['b'] = ...`).
+//! `df['b'] = ...`), and the last cell varied (`varied.rs`) or edited (`edits.rs`).
 
 use super::candidates::Pool;
+use super::edits::Edits;
 use super::model::{Observed, SessionModel};
 use super::prediction::Source;
 use super::table::Table;
@@ -48,6 +49,8 @@ impl GuessKind {
             GuessKind::OtherColumn => "other-column",
             GuessKind::OtherObject => "other-object",
             GuessKind::OtherLiteral => "other-literal",
+            GuessKind::Argument => "argument",
+            GuessKind::Swapped => "swapped",
         }
     }
 }
@@ -67,12 +70,16 @@ pub enum GuessKind {
     OtherObject,
     /// A recent cell with other literals of the data (`varied.rs`).
     OtherLiteral,
+    /// The last cell with an argument dropped, added or changed (`edits.rs`).
+    Argument,
+    /// The last cell with a member swapped for a learned sibling (`edits.rs`).
+    Swapped,
 }
 
 impl SessionModel {
     /// Adds the history's guesses to `pool`, each with its kind's learned rate.
     pub(super) fn guess_from_history(&self, table: &Table, pool: &mut Pool) {
-        for guess in self.history_guesses() {
+        for guess in self.history_guesses(&table.edits) {
             let p = table.history_rate(&guess.rate_key());
             pool.add(
                 guess.code,
@@ -84,8 +91,8 @@ impl SessionModel {
         }
     }
 
-    /// The guesses of the history source.
-    pub(super) fn history_guesses(&self) -> Vec<HistoryGuess> {
+    /// The guesses of the history source, the last cell edited with the vocabulary `edits`.
+    pub(super) fn history_guesses(&self, edits: &Edits) -> Vec<HistoryGuess> {
         let mut out: Vec<HistoryGuess> = Vec::new();
         for (age, past) in self.history.iter().rev().take(LOOK_BACK).enumerate() {
             if !past.single || !past.ok {
@@ -109,7 +116,11 @@ impl SessionModel {
             }
             out.extend(self.reapplied(past, age));
         }
-        for guess in self.varied_guesses() {
+        for guess in self
+            .varied_guesses()
+            .into_iter()
+            .chain(self.edited_guesses(edits))
+        {
             if !out.iter().any(|g| g.code == guess.code) {
                 out.push(guess);
             }

@@ -1,17 +1,19 @@
 //! Counting the corpus into a [`Table`]: each cell, abstracted as the session model saw it,
 //! is counted after every context of the cell before it; the ranks of the objects and columns
-//! that filled free slots, the kinds and column classes templates were used with, how often
-//! the history source was right, and template runtimes are counted alongside.
+//! that filled free slots, the kinds and column classes templates were used with, the
+//! vocabulary of edits (`edits.rs`), how often the history source was right, and template
+//! runtimes are counted alongside.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::chain::{added, drop_key, drop_key_general, drop_key_shape, split};
+use super::edits::{EditCounts, Edits};
 use super::model::{column_class, SessionModel};
 use super::normal::{is_single_expression, normalise};
-use super::offline::TraceCell;
+use super::offline::{repository, TraceCell};
 use super::table::{Followers, Rate, Table};
 use super::template::{absolute, relative, subscript_columns, Template};
-use super::tokens::tokenize;
+use super::tokens::{tokenize, Token};
 
 /// How much of the counts a table keeps.
 #[derive(Debug, Clone, Copy)]
@@ -132,6 +134,7 @@ pub struct TableBuilder {
     kinds: HashMap<String, BTreeMap<String, u32>>,
     col_classes: HashMap<String, BTreeMap<String, u32>>,
     history: BTreeMap<String, Rate>,
+    edits: EditCounts,
     runtimes: HashMap<String, (u64, f64)>,
 }
 
@@ -141,21 +144,47 @@ impl TableBuilder {
         TableBuilder::default()
     }
 
-    /// Counts one sequence, its cells in order.
+    /// Counts the vocabulary of edits of one sequence; every sequence's must be counted
+    /// before any is passed to [`TableBuilder::add_sequence`].
+    pub fn add_vocabulary(&mut self, cells: &[TraceCell]) {
+        let mut model = SessionModel::new();
+        let mut recent: Vec<Vec<Token>> = Vec::new();
+        for cell in cells {
+            let tokens = tokenize(&cell.code).unwrap_or_default();
+            let repo = repository(&cell.sequence);
+            self.edits.add_cell(repo, &tokens, &recent, &model.scope());
+            recent.push(tokens);
+            model.observe(&cell.code, &cell.facts, cell.ok());
+        }
+    }
+
+    /// Counts one sequence, its cells in order. The history's edits are counted with the
+    /// vocabulary of the other repositories, as a session unlike the corpus would see it.
     pub fn add_sequence(&mut self, cells: &[TraceCell], ranks: usize) {
+        let edits = cells
+            .first()
+            .map(|c| self.edits.build(Some(repository(&c.sequence))))
+            .unwrap_or_default();
         let mut model = SessionModel::new();
         for (i, cell) in cells.iter().enumerate() {
             self.cells += 1;
             if i > 0 {
                 if let Some(next) = model.abstract_next(&cell.code) {
-                    self.count(&model, &next, cell, ranks);
+                    self.count(&model, &next, cell, ranks, &edits);
                 }
             }
             model.observe(&cell.code, &cell.facts, cell.ok());
         }
     }
 
-    fn count(&mut self, model: &SessionModel, next: &Template, cell: &TraceCell, ranks: usize) {
+    fn count(
+        &mut self,
+        model: &SessionModel,
+        next: &Template,
+        cell: &TraceCell,
+        ranks: usize,
+        edits: &Edits,
+    ) {
         let single = is_single_expression(&cell.code);
         for context in model.contexts() {
             let rel = subscript_columns(&relative(next, &context.vars, &context.cols));
@@ -209,7 +238,7 @@ impl TableBuilder {
             }
         }
         let normal = normalise(&cell.code);
-        for guess in model.history_guesses() {
+        for guess in model.history_guesses(edits) {
             let rate = self.history.entry(guess.rate_key()).or_default();
             rate.trials += 1;
             rate.hits += u64::from(Some(&guess.code) == normal.as_ref());
@@ -290,6 +319,7 @@ impl TableBuilder {
             kinds: keep(self.kinds),
             col_classes: keep(self.col_classes),
             history: self.history,
+            edits: self.edits.build(None),
             chain,
             attribute_columns: self.attribute_columns,
             runtime_ms: self

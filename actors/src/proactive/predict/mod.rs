@@ -7,6 +7,7 @@
 
 mod candidates;
 mod chain;
+mod edits;
 mod evaluate;
 mod history;
 mod learn;
@@ -27,6 +28,7 @@ mod train;
 mod varied;
 
 pub use candidates::Candidate;
+pub use edits::Edits;
 pub use evaluate::{evaluate, Coverage};
 pub use learn::{Limits, TableBuilder};
 pub use learned::Learned;

@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+use super::edits::Edits;
 use super::rank::Ranker;
 
 /// What followed one context in the corpus.
@@ -81,6 +82,9 @@ pub struct Table {
     /// only (`-1:*`).
     #[serde(default)]
     pub chain: BTreeMap<String, Followers>,
+    /// The keywords and members the history source edits the last cell with (`edits.rs`).
+    #[serde(default)]
+    pub edits: Edits,
     /// How often a column was accessed as an attribute (`df.a`) rather than a subscript.
     #[serde(default)]
     pub attribute_columns: Rate,

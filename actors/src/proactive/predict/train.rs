@@ -45,7 +45,11 @@ pub fn folds_by_repository(sequences: &[Vec<TraceCell>], folds: usize) -> Vec<us
 }
 
 fn count<'a>(sequences: impl Iterator<Item = &'a Vec<TraceCell>>, limits: &Limits) -> Table {
+    let sequences: Vec<&Vec<TraceCell>> = sequences.collect();
     let mut builder = TableBuilder::new();
+    for cells in &sequences {
+        builder.add_vocabulary(cells);
+    }
     for cells in sequences {
         builder.add_sequence(cells, limits.ranks);
     }
@@ -82,7 +86,7 @@ fn guesses(cells: &[TraceCell], table: &Table) -> Vec<(Features, bool)> {
     for (i, cell) in cells.iter().enumerate() {
         if i > 0 {
             let normal = normalise(&cell.code);
-            for candidate in model.candidates(table).into_iter().take(SAMPLED) {
+            for candidate in model.candidates(table, SAMPLED) {
                 let hit = Some(&candidate.prediction.normal) == normal.as_ref();
                 out.push((candidate.features, hit));
             }

@@ -1,0 +1,454 @@
+//! The last cell edited: one of its calls with an argument dropped, or with a keyword that
+//! sessions pass to that callee added or given another value (`df.sort_values('a')` then
+//! `df.sort_values('a', ascending=False)`), or one of its members swapped for one that
+//! sessions use in its place (`s.isnull().sum()` then `s.notnull().sum()`).
+//!
+//! The vocabulary ([`Edits`]: keywords with a literal value by callee, members by member) is
+//! counted on the corpus by `learn.rs`, and an entry is kept only when sessions of two
+//! repositories at least used it, so that it is the library's vocabulary and not one
+//! session's. Values that are data of the session (column labels, index labels, column
+//! values) are never counted. Part of the history source, each way of editing with its own
+//! learned rate.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::history::{GuessKind, HistoryGuess};
+use super::model::SessionModel;
+use super::normal::{render, single_expression};
+use super::syntax::{is_keyword, statements};
+use super::template::{abstract_tokens, Scope};
+use super::tokens::{tokenize, Kind, Token};
+
+/// Keywords tried per call, and members per member.
+const KEYWORDS: usize = 4;
+const SIBLINGS: usize = 3;
+/// Entries kept per callee or member in the table.
+const KEPT: usize = 8;
+/// Repositories whose sessions must have used an entry for it to be kept.
+const MIN_REPOSITORIES: usize = 2;
+/// How many cells back a member swapped for another is looked for when counting.
+const WINDOW: usize = 5;
+
+/// The learned vocabulary of edits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Edits {
+    /// Callee name (`sort_values`, `read_csv`) to the `keyword=value` arguments passed to it,
+    /// with how often, the most frequent first.
+    pub keywords: BTreeMap<String, Vec<(String, u32)>>,
+    /// Member name (`isnull`) to the members a later cell used in its place, the rest of the
+    /// statement unchanged (`notnull`), with how often, the most frequent first.
+    pub siblings: BTreeMap<String, Vec<(String, u32)>>,
+}
+
+/// Counts of the vocabulary, with the repositories each entry was seen in.
+#[derive(Debug, Default)]
+pub(super) struct EditCounts {
+    keywords: HashMap<(String, String), Seen>,
+    siblings: HashMap<(String, String), Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    count: u32,
+    repositories: HashSet<String>,
+}
+
+impl Seen {
+    fn add(&mut self, repository: &str) {
+        self.count += 1;
+        self.repositories.insert(repository.to_string());
+    }
+}
+
+impl EditCounts {
+    /// Counts one cell of a session of `repository`, after the cells `recent` (the most
+    /// recent last), with the session's names in `scope`.
+    pub(super) fn add_cell(
+        &mut self,
+        repository: &str,
+        tokens: &[Token],
+        recent: &[Vec<Token>],
+        scope: &Scope,
+    ) {
+        for call in calls(tokens) {
+            for arg in &call.args {
+                if let Some(keyword) = literal_keyword(&tokens[arg.0..arg.1], scope) {
+                    let key = (call.callee.clone(), keyword);
+                    self.keywords.entry(key).or_default().add(repository);
+                }
+            }
+        }
+        let earlier: Vec<&[Token]> = recent
+            .iter()
+            .rev()
+            .take(WINDOW)
+            .flat_map(|t| statements(t))
+            .collect();
+        for statement in statements(tokens) {
+            for before in &earlier {
+                if let Some((from, to)) = swapped_member(before, statement, scope) {
+                    for pair in [(from.clone(), to.clone()), (to, from)] {
+                        self.siblings.entry(pair).or_default().add(repository);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The vocabulary of entries seen in enough repositories other than `without`.
+    pub(super) fn build(&self, without: Option<&str>) -> Edits {
+        Edits {
+            keywords: kept(&self.keywords, without),
+            siblings: kept(&self.siblings, without),
+        }
+    }
+}
+
+fn kept(
+    counts: &HashMap<(String, String), Seen>,
+    without: Option<&str>,
+) -> BTreeMap<String, Vec<(String, u32)>> {
+    let mut out: BTreeMap<String, Vec<(String, u32)>> = BTreeMap::new();
+    for ((key, entry), seen) in counts {
+        let repositories = seen
+            .repositories
+            .iter()
+            .filter(|r| Some(r.as_str()) != without)
+            .count();
+        if repositories >= MIN_REPOSITORIES {
+            out.entry(key.clone())
+                .or_default()
+                .push((entry.clone(), seen.count));
+        }
+    }
+    for entries in out.values_mut() {
+        entries.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        entries.truncate(KEPT);
+    }
+    out
+}
+
+/// One call in a token stream: its callee's name, and the token ranges of its arguments.
+struct Call {
+    callee: String,
+    /// Index of the `)` closing it.
+    close: usize,
+    args: Vec<(usize, usize)>,
+}
+
+/// The calls of a name or member (`f(...)`, `x.f(...)`), in order of their `(`.
+fn calls(tokens: &[Token]) -> Vec<Call> {
+    let mut out = Vec::new();
+    for (open, token) in tokens.iter().enumerate().skip(1) {
+        let callee = &tokens[open - 1];
+        if !token.is_op("(") || callee.kind != Kind::Name || is_keyword(&callee.text) {
+            continue;
+        }
+        let mut depth = 0usize;
+        let mut args = Vec::new();
+        let mut start = open + 1;
+        for (i, t) in tokens.iter().enumerate().skip(open) {
+            if t.kind != Kind::Op {
+                continue;
+            }
+            match t.text.as_str() {
+                "(" | "[" | "{" => depth += 1,
+                ")" | "]" | "}" => {
+                    depth -= 1;
+                    if depth == 0 {
+                        if i > start {
+                            args.push((start, i));
+                        }
+                        out.push(Call {
+                            callee: callee.text.clone(),
+                            close: i,
+                            args,
+                        });
+                        break;
+                    }
+                }
+                "," if depth == 1 => {
+                    args.push((start, i));
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// `k=value` as written, when `arg` is a keyword argument whose value is a literal that is not
+/// data of the session (a number, `True`, `False`, `None`, or a string that names nothing in
+/// `scope`); never `inplace`.
+fn literal_keyword(arg: &[Token], scope: &Scope) -> Option<String> {
+    let [name, eq, value @ ..] = arg else {
+        return None;
+    };
+    if name.kind != Kind::Name || !eq.is_op("=") || name.text == "inplace" {
+        return None;
+    }
+    let literal = match value {
+        [t] if t.kind == Kind::Number => true,
+        [minus, t] if minus.is_op("-") && t.kind == Kind::Number => true,
+        [t] if t.kind == Kind::Name => matches!(t.text.as_str(), "True" | "False" | "None"),
+        [t] if t.kind == Kind::Str => t.value.as_ref().is_some_and(|v| {
+            !scope.columns.contains(v) && !scope.labels.contains(v) && !scope.values.contains(v)
+        }),
+        _ => false,
+    };
+    literal.then(|| render(arg))
+}
+
+/// The member `before` has where `after` has another, when that is their only difference
+/// and neither is a column label or a variable.
+fn swapped_member(before: &[Token], after: &[Token], scope: &Scope) -> Option<(String, String)> {
+    if before.len() != after.len() {
+        return None;
+    }
+    let mut differing = before
+        .iter()
+        .zip(after)
+        .enumerate()
+        .filter(|(_, (a, b))| a != b);
+    let (at, (from, to)) = differing.next()?;
+    if differing.next().is_some() || at == 0 || !before[at - 1].is_op(".") {
+        return None;
+    }
+    let member = |t: &Token| {
+        t.kind == Kind::Name
+            && !is_keyword(&t.text)
+            && !scope.columns.contains(&t.text)
+            && !scope.vars.contains(&t.text)
+    };
+    (member(from) && member(to)).then(|| (from.text.clone(), to.text.clone()))
+}
+
+impl SessionModel {
+    /// The last cell, a single expression that ran, with one argument or one member edited.
+    pub(super) fn edited_guesses(&self, edits: &Edits) -> Vec<HistoryGuess> {
+        let Some(last) = self.history.back().filter(|l| l.single && l.ok) else {
+            return Vec::new();
+        };
+        let Some(tokens) = tokenize(&last.code) else {
+            return Vec::new();
+        };
+        let scope = self.scope();
+        let mut edited: Vec<(Vec<Token>, GuessKind)> = Vec::new();
+        for call in calls(&tokens) {
+            for arg in 0..call.args.len() {
+                edited.push((drop_argument(&tokens, &call, arg), GuessKind::Argument));
+            }
+            let learned = edits.keywords.get(&call.callee).into_iter().flatten();
+            for (keyword, _) in learned.take(KEYWORDS) {
+                if let Some(t) = with_keyword(&tokens, &call, keyword) {
+                    edited.push((t, GuessKind::Argument));
+                }
+            }
+        }
+        for (at, token) in tokens.iter().enumerate().skip(1) {
+            let Some(siblings) = edits.siblings.get(&token.text) else {
+                continue;
+            };
+            if !tokens[at - 1].is_op(".") || scope.columns.contains(&token.text) {
+                continue;
+            }
+            for (sibling, _) in siblings.iter().take(SIBLINGS) {
+                let mut t = tokens.clone();
+                t[at].text.clone_from(sibling);
+                edited.push((t, GuessKind::Swapped));
+            }
+        }
+        let mut out: Vec<HistoryGuess> = Vec::new();
+        for (tokens, kind) in edited {
+            let code = render(&tokens);
+            if !single_expression(&tokens)
+                || last.normal.as_ref() == Some(&code)
+                || out.iter().any(|g| g.code == code)
+            {
+                continue;
+            }
+            let template = abstract_tokens(&tokens, &scope);
+            out.push(HistoryGuess {
+                code,
+                cost_ms: self.default_cost(&template.vars),
+                template: template.key,
+                kind,
+                age: 0,
+            });
+        }
+        out
+    }
+}
+
+/// `tokens` without the `arg`-th argument of `call` (and the comma that went with it).
+fn drop_argument(tokens: &[Token], call: &Call, arg: usize) -> Vec<Token> {
+    let (start, end) = call.args[arg];
+    let (start, end) = if arg + 1 < call.args.len() {
+        (start, call.args[arg + 1].0)
+    } else if arg > 0 {
+        (call.args[arg - 1].1, end)
+    } else {
+        (start, end)
+    };
+    let mut out = tokens[..start].to_vec();
+    out.extend_from_slice(&tokens[end..]);
+    out
+}
+
+/// `tokens` with `keyword` (`k=value`) given to `call`: its value replaced when `call` passes
+/// `k` already, else added last; `None` when it passes `k` with that value.
+fn with_keyword(tokens: &[Token], call: &Call, keyword: &str) -> Option<Vec<Token>> {
+    let new = tokenize(keyword)?;
+    let name = new.first()?;
+    let mut out = tokens.to_vec();
+    let passed = call.args.iter().find(|(start, _)| {
+        tokens[*start] == *name && tokens.get(start + 1).is_some_and(|t| t.is_op("="))
+    });
+    match passed {
+        Some(&(start, end)) if tokens[start..end] == new[..] => return None,
+        Some(&(start, end)) => {
+            out.splice(start..end, new);
+        }
+        None => {
+            let mut added = Vec::new();
+            if !call.args.is_empty() {
+                added.push(Token {
+                    kind: Kind::Op,
+                    text: ",".to_string(),
+                    value: None,
+                });
+            }
+            added.extend(new);
+            out.splice(call.close..call.close, added);
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use pyvisor_protocol::messages::CellFacts;
+
+    use super::super::scenarios::{column, frame};
+    use super::*;
+
+    /// A session holding the frame `df` (columns `price` and `city`) that ran `code` last.
+    fn after(code: &str, ok: bool) -> SessionModel {
+        let df = frame(
+            "df",
+            vec![column("price", "float64", 700), column("city", "str", 5)],
+        );
+        let mut model = SessionModel::new();
+        let facts = CellFacts {
+            binds: vec!["df".to_string()],
+            objects: vec![df.clone()],
+            ..CellFacts::default()
+        };
+        model.observe("df = load()", &facts, true);
+        let facts = CellFacts {
+            objects: vec![df],
+            ..CellFacts::default()
+        };
+        model.observe(code, &facts, ok);
+        model
+    }
+
+    fn vocabulary() -> Edits {
+        let entries = |key: &str, values: &[&str]| {
+            let values = values.iter().map(|v| (v.to_string(), 3)).collect();
+            (key.to_string(), values)
+        };
+        Edits {
+            keywords: [entries(
+                "sort_values",
+                &["ascending=False", "na_position='first'"],
+            )]
+            .into(),
+            siblings: [entries("isnull", &["notnull"]), entries("price", &["city"])].into(),
+        }
+    }
+
+    fn guesses(model: &SessionModel, kind: GuessKind) -> Vec<String> {
+        model
+            .edited_guesses(&vocabulary())
+            .into_iter()
+            .filter(|g| g.kind == kind)
+            .map(|g| g.code)
+            .collect()
+    }
+
+    #[test]
+    fn a_call_gets_a_learned_keyword_or_loses_an_argument() {
+        let model = after("df.sort_values('price')", true);
+        assert_eq!(
+            guesses(&model, GuessKind::Argument),
+            [
+                "df.sort_values()",
+                "df.sort_values('price',ascending=False)",
+                "df.sort_values('price',na_position='first')",
+            ]
+        );
+        let model = after("df.sort_values('price', ascending=False).head()", true);
+        let edited = guesses(&model, GuessKind::Argument);
+        assert!(edited.contains(&"df.sort_values('price').head()".to_string()));
+        // The keyword it passes with that value is not offered again; another value is.
+        assert!(!edited.iter().any(|g| g.contains("False,ascending")));
+        let guess = &model.edited_guesses(&vocabulary())[0];
+        assert_eq!(guess.template, "$0.sort_values(ascending=False).head()");
+    }
+
+    #[test]
+    fn a_member_is_swapped_for_a_sibling_but_not_a_column() {
+        let model = after("df.isnull().sum()", true);
+        assert_eq!(guesses(&model, GuessKind::Swapped), ["df.notnull().sum()"]);
+        // `price` is a column of `df`: the vocabulary does not rename the session's data.
+        let model = after("df.price.mean()", true);
+        assert!(guesses(&model, GuessKind::Swapped).is_empty());
+    }
+
+    #[test]
+    fn nothing_is_edited_after_an_error_or_a_statement() {
+        assert!(after("df.isnull().sum()", false)
+            .edited_guesses(&vocabulary())
+            .is_empty());
+        assert!(after("x = df.sort_values('price')", true)
+            .edited_guesses(&vocabulary())
+            .is_empty());
+    }
+
+    #[test]
+    fn the_vocabulary_keeps_what_two_repositories_used_and_no_data() {
+        let scope = Scope {
+            vars: ["df".to_string()].into(),
+            columns: ["price".to_string()].into(),
+            ..Scope::default()
+        };
+        let tokens = |code: &str| tokenize(code).expect("tokenizes");
+        let mut counts = EditCounts::default();
+        let earlier = [tokens("df.isnull().sum()")];
+        for repository in ["a", "b"] {
+            counts.add_cell(
+                repository,
+                &tokens("df.merge(df, how='left', on='price', inplace=True)"),
+                &[],
+                &scope,
+            );
+            counts.add_cell(repository, &tokens("df.notnull().sum()"), &earlier, &scope);
+        }
+        counts.add_cell("a", &tokens("df.head(n=3)"), &[], &scope);
+        let edits = counts.build(None);
+        // `on='price'` names a column and `inplace` is never offered; `n=3` was seen in one
+        // repository only.
+        assert_eq!(
+            edits.keywords,
+            [("merge".to_string(), vec![("how='left'".to_string(), 2)])].into()
+        );
+        assert_eq!(edits.siblings["isnull"], [("notnull".to_string(), 2)]);
+        assert_eq!(edits.siblings["notnull"], [("isnull".to_string(), 2)]);
+        // Without one of the two repositories, nothing is left.
+        assert_eq!(counts.build(Some("a")), Edits::default());
+    }
+}
