@@ -287,7 +287,10 @@ async fn a_snippet_never_sees_what_an_earlier_pure_one_left_behind() {
     let speculated = speculation.outcome(1);
     assert!(speculated.servable, "{speculated:?}");
     let real = ok(&mut worker, usage).await;
-    assert_eq!(speculated.result, real.result, "as if the lookup had not run");
+    assert_eq!(
+        speculated.result, real.result,
+        "as if the lookup had not run"
+    );
 }
 
 #[tokio::test]
