@@ -294,6 +294,53 @@ async fn a_snippet_never_sees_what_an_earlier_pure_one_left_behind() {
 }
 
 #[tokio::test]
+async fn a_snippet_never_sees_a_cached_property_an_earlier_one_filled() {
+    let mut worker = start().await;
+    let class = "import functools\nclass Box:\n    @functools.cached_property\n    \
+                 def total(self):\n        return 6\nbox = Box()";
+    ok(&mut worker, class).await;
+    let attributes = "sorted(box.__dict__)";
+    let speculation = speculate(&mut worker, &["box.total", attributes], 30_000).await;
+    assert_eq!(speculation.outcome(0).result.as_ref().unwrap().repr, "6");
+    let real = ok(&mut worker, attributes).await;
+    assert_eq!(real.result.as_ref().unwrap().repr, "[]");
+    assert_eq!(speculation.outcome(1).result, real.result);
+}
+
+#[tokio::test]
+async fn a_snippet_that_leaves_what_cannot_be_taken_back_ends_the_child() {
+    let mut worker = start().await;
+    ok(&mut worker, "import numpy as np\nx = np.float64(1.0)").await;
+    // A warning is shown once per place: the snippets after it would not show theirs.
+    let speculation = speculate(&mut worker, &["x / 0", "x / 0", "x + 1"], 30_000).await;
+    assert_eq!(speculation.ending.as_deref(), Some("finished"));
+    assert_eq!(speculation.outcomes.len(), 1, "{speculation:?}");
+    // The warning registry went into the namespace, as `__warningregistry__`.
+    assert!(!speculation.outcome(0).servable);
+    let again = speculate(&mut worker, &["x / 0"], 30_000).await;
+    assert!(
+        again.outcome(0).stderr.contains("divide by zero"),
+        "{again:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_label_lookup_run_for_real_makes_an_earlier_memory_usage_stale() {
+    let mut worker = start().await;
+    ok(
+        &mut worker,
+        "import pandas as pd\ndf = pd.DataFrame({'a': range(5)}, index=list('pqrst'))",
+    )
+    .await;
+    let usage = "int(df.memory_usage().sum())";
+    let outcome = speculate_one(&mut worker, usage).await;
+    assert_eq!(adopt(&mut worker, usage, &outcome).await, None);
+    ok(&mut worker, "df.loc['q']").await;
+    let stale = adopt(&mut worker, usage, &outcome).await;
+    assert!(stale.is_some_and(|reason| reason.contains("df")));
+}
+
+#[tokio::test]
 async fn the_guard_refuses_each_impure_form() {
     let mut worker = start().await;
     ok(

@@ -15,7 +15,8 @@ speculative one. So fingerprints of data never use addresses or id():
   sharing the budget of one array (WHOLE_BYTES, WHOLE_ITEMS and SAMPLES divided among them,
   at least 2 samples each, so a frame costs about what an array does); a Series by
   its name, dtype, index and values; an Index by its type, names and values (a RangeIndex by
-  its range); extension arrays by the arrays they hold (codes and categories, data and mask,
+  its range) and whether its hash table is built (a label lookup builds it, and a frame's
+  memory usage, as ``df.info()`` prints it, counts it); extension arrays by the arrays they hold (codes and categories, data and mask,
   Arrow buffers), else by sampled items;
 - list, tuple, dict, set, frozenset: type, length and the fingerprints of up to ITEMS sampled
   items (keys and values of a dict), DEPTH levels deep;
@@ -228,7 +229,8 @@ def _series(series, parts):
 
 def _index(index, parts):
     pandas = sys.modules["pandas"]
-    parts.append((type(index).__name__, repr(list(index.names)), str(index.dtype), len(index)))
+    parts.append((type(index).__name__, repr(list(index.names)), str(index.dtype), len(index),
+                  "_engine" in getattr(index, "_cache", ())))
     if isinstance(index, pandas.RangeIndex):
         parts.append((index.start, index.stop, index.step))
     elif isinstance(index, pandas.MultiIndex):

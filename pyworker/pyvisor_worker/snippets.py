@@ -28,7 +28,8 @@ import resource
 import sys
 import time
 
-from pyvisor_worker import cells, execution, fingerprints, protocol, purity, state, surroundings
+from pyvisor_worker import (cells, execution, fingerprints, hidden, protocol, purity, state,
+                            surroundings)
 
 
 class AskedForInput(BaseException):
@@ -45,21 +46,11 @@ def refuse_input(prompt="", stream=None):
     raise AskedForInput("a speculative run cannot ask for input")
 
 
-def binds(code):
-    """Whether `code` is a binding snippet (see above): the one kind whose run must stay in the
-    process, so that later snippets see what it binds."""
-    try:
-        tree = cells.Cell(code, "<speculation>").tree
-    except (SyntaxError, ValueError):
-        return False
-    namespace = state.namespace
-    return (purity.check(code, namespace, tree) is not None
-            and purity.binding_names(tree, namespace) is not None)
-
-
 def run(code, filename, repr_limit, output_limit, displays):
-    """Run `code` in the child as the cell `filename`; its outcome. `displays` is the list that
-    display() fills while it runs."""
+    """Run `code` in the child as the cell `filename`: (its outcome, whether the child is still
+    a faithful copy of the session for the snippets after it: see hidden; a snippet that
+    changed what it read, wrote to stderr (a warning is shown once) or left a figure open also
+    leaves it unfaithful). `displays` is the list that display() fills while it runs."""
     global _asked
     namespace = state.namespace
     outcome = {"status": "error", "stdout": "", "stderr": "", "result": None, "display": [],
@@ -69,14 +60,15 @@ def run(code, filename, repr_limit, output_limit, displays):
     try:
         tree = cell.tree
     except (SyntaxError, ValueError):
-        return dict(outcome, refusal="does not parse")
+        return dict(outcome, refusal="does not parse"), True
     refusal = purity.check(code, namespace, tree)
     if refusal is not None and purity.binding_names(tree, namespace) is None:
-        return dict(outcome, refusal=refusal)
+        return dict(outcome, refusal=refusal), True
     binding = refusal is not None
     reads = sorted({node.id for node in ast.walk(tree)
                     if type(node) is ast.Name and type(node.ctx) is ast.Load})
     stamps = [_stamp(name) for name in reads]
+    guard = hidden.Guard(namespace[name] for name in reads if name in namespace)
     names, values = list(namespace), list(namespace.values())
     ambient = surroundings.ambient()
     for fd in (1, 2):
@@ -91,6 +83,7 @@ def run(code, filename, repr_limit, output_limit, displays):
             value, error = None, execution.describe_error(exc, repr_limit)
     protocol.flush_output()
     duration, cpu = time.perf_counter() - started, _cpu_seconds() - used
+    faithful = guard.restore()
     stdout, stderr = _output(1), _output(2)
     outcome.update(
         status="ok" if error is None else "error", result=value, error=error,
@@ -99,6 +92,9 @@ def run(code, filename, repr_limit, output_limit, displays):
         duration_ms=duration * 1000,
         stdout=_text(stdout, output_limit), stderr=_text(stderr, output_limit),
     )
+    changed = _changed_read(stamp for stamp in stamps if stamp["name"] not in outcome["binds"])
+    lasting = _lasting_output(stderr)
+    faithful = faithful and changed is None and lasting is None
     if binding:
         refusal = "binds names"
     elif _asked:
@@ -106,11 +102,11 @@ def run(code, filename, repr_limit, output_limit, displays):
     elif error is not None:
         refusal = "raised an error"
     elif outcome["binds"] or list(namespace) != names:
-        refusal = "changed the namespace"
+        refusal, faithful = "changed the namespace", False
     else:
-        refusal = _changed_read(stamps) or _output_refusal(stdout, stderr, output_limit)
+        refusal = changed or lasting or _output_refusal(stdout, stderr, output_limit)
     outcome.update(servable=refusal is None, refusal=refusal)
-    return outcome
+    return outcome, faithful
 
 
 def _stamp(name):
@@ -135,12 +131,17 @@ def _changed_read(stamps):
     return None
 
 
-def _output_refusal(stdout, stderr, output_limit):
+def _lasting_output(stderr):
+    """The refusal for output whose making leaves something behind in the process."""
     if stderr:
         return "wrote to stderr"
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is not None and pyplot.get_fignums():
         return "plots"
+    return None
+
+
+def _output_refusal(stdout, stderr, output_limit):
     try:
         stdout.decode("utf-8")
     except UnicodeDecodeError:

@@ -23,12 +23,11 @@ and 2 are memfds, emptied before each snippet. It offers itself to the OOM kille
 getpass() refuse. Each snippet, in order (see snippets for what is checked), is run as
 execution runs a cell, compiled as the cell number it would have if the snippets ran for real
 in order (``<cell-N>``, N = next cell number + index), and a snippet that binds names leaves
-them bound for the later ones. Every other snippet but the last runs in a child of the child,
-forked for it and gone after it: what it leaves behind inside objects, out of the content check's sight (a
-label lookup builds an index's hash table, which a frame's memory usage then counts), never
-reaches a later snippet, whose real run does not follow it. That grandchild dies with the
-child (PR_SET_PDEATHSIG), runs under what is left of cpu_ms, and a signal that ends it ends
-the child the same way, so the ending reported is the snippet's.
+them bound for the later ones. What a snippet leaves behind inside the objects it read (a label
+lookup builds an index's hash table, which a frame's memory usage then counts) is taken back
+before the next one runs (see hidden), so a later snippet answers as its real run would, which
+the earlier one does not precede. A snippet that leaves something that cannot be taken back
+ends the child after its outcome ("finished", with the later snippets not run).
 """
 
 import builtins
@@ -47,8 +46,6 @@ _waiting_cancels = {}  # ids of queued speculations cancelled before they starte
 _MAX_WAITING_CANCELS = 64
 
 _CPU_SIGNALS = (signal.SIGPROF, signal.SIGXCPU)
-_PR_SET_PDEATHSIG = 1
-_libc = None  # the C library, loaded in a speculation's child (see _child_main)
 
 
 class _Child:
@@ -188,17 +185,11 @@ def _child_main(codes, limits, write_fd):
     try:
         repr_limit, output_limit, cpu_ms = limits
         protocol.close_protocol_fds()
-        outputs = []
         for fd in (1, 2):
             memfd = os.memfd_create("speculation-%d" % fd)
             os.dup2(memfd, fd)
             os.close(memfd)
-            outputs.append(fd)
         _contain(cpu_ms)
-        global _libc
-        import ctypes  # here, once: the grandchildren need prctl (see _die_with)
-
-        _libc = ctypes.CDLL(None, use_errno=True)
         import gc
 
         gc.freeze()  # collections leave the objects shared with the worker alone
@@ -209,65 +200,14 @@ def _child_main(codes, limits, write_fd):
         with open(write_fd, "wb", buffering=0) as pipe:
             for index, code in enumerate(codes):
                 del sink[:]
-                filename = "<cell-%d>" % (first + index)
-                # The last snippet leaves nothing behind for another: no fork needed.
-                if index == len(codes) - 1 or snippets.binds(code):
-                    _send(pipe, index, snippets.run(code, filename, repr_limit, output_limit,
-                                                    sink))
-                else:
-                    _run_apart(pipe, index, code, filename, limits, sink)
+                outcome, faithful = snippets.run(code, "<cell-%d>" % (first + index),
+                                                 repr_limit, output_limit, sink)
+                pipe.write(protocol.encode([index, outcome]).encode("utf-8", "replace") + b"\n")
+                if not faithful:
+                    break  # the snippets after it would answer from what it left behind
         status = 0
     finally:
         os._exit(status)
-
-
-def _send(pipe, index, outcome):
-    pipe.write(protocol.encode([index, outcome]).encode("utf-8", "replace") + b"\n")
-
-
-def _run_apart(pipe, index, code, filename, limits, sink):
-    """In the child: run a snippet that binds nothing in a grandchild of its own (see above),
-    which writes its outcome to `pipe`; return once it is gone."""
-    repr_limit, output_limit, cpu_ms = limits
-    left_ms = cpu_ms - _cpu_used_ms()
-    if left_ms <= 0:
-        os.kill(os.getpid(), signal.SIGPROF)  # the budget is spent: end as its timer would
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            _die_with(parent)
-            _contain(left_ms)
-            _send(pipe, index, snippets.run(code, filename, repr_limit, output_limit, sink))
-            status = 0
-        finally:
-            os._exit(status)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        if number != signal.SIGKILL:
-            signal.signal(number, signal.SIG_DFL)
-        os.kill(parent, number)
-    elif os.WEXITSTATUS(status) != 0:
-        os._exit(os.WEXITSTATUS(status))
-
-
-def _cpu_used_ms():
-    """CPU time this child and the grandchildren it reaped have used, in milliseconds."""
-    used = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        used += usage.ru_utime + usage.ru_stime
-    return used * 1000
-
-
-def _die_with(parent):
-    """In a grandchild: be killed when `parent` (the child) ends, as the worker's cancel ends
-    it; exit at once if it already has."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _contain(cpu_ms):

@@ -317,10 +317,18 @@ impl Handler<SessionEvent> for PredictorActor {
                         .record_runtime(&template, speculated.duration_ms);
                 }
             }
-            SessionEvent::SpeculationEnded { session_id, cpu_ms } => {
+            SessionEvent::SpeculationEnded {
+                session_id,
+                cpu_ms,
+                unrun,
+            } => {
                 self.budget.spend(Instant::now(), cpu_ms);
                 if let Some(followed) = self.sessions.get_mut(&session_id) {
                     followed.speculating = false;
+                    for normal in &unrun {
+                        followed.tried.remove(normal);
+                        followed.pending.remove(normal);
+                    }
                 }
             }
             SessionEvent::Restored { session_id } => {

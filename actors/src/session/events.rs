@@ -34,8 +34,14 @@ pub enum SessionEvent {
     },
     /// A speculative snippet ran (servable or not).
     Speculated(Arc<Speculated>),
-    /// A speculation's child is gone, having used `cpu_ms` of CPU.
-    SpeculationEnded { session_id: Arc<str>, cpu_ms: f64 },
+    /// A speculation's child is gone, having used `cpu_ms` of CPU. `unrun` holds the normal
+    /// forms of the snippets it did not come to, having ended early on its own (a snippet left
+    /// it unfit for them): they may be planned again.
+    SpeculationEnded {
+        session_id: Arc<str>,
+        cpu_ms: f64,
+        unrun: Vec<String>,
+    },
     /// The namespace was replaced wholesale (restore, crash recovery): what was known of it
     /// holds no more.
     Restored { session_id: Arc<str> },

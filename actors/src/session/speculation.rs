@@ -62,6 +62,7 @@ impl SessionActor {
             self.events.publish(SessionEvent::SpeculationEnded {
                 session_id: self.session_id.as_str().into(),
                 cpu_ms: 0.0,
+                unrun: Vec::new(),
             });
         }
     }
@@ -158,9 +159,21 @@ impl SessionActor {
         }
         proactive.setup.counters.used_cpu(cpu_ms);
         proactive.share.cpu_ms += cpu_ms;
+        let unrun = if ending == "finished" {
+            flight
+                .snippets
+                .iter()
+                .zip(&flight.answered)
+                .filter(|(_, answered)| !**answered)
+                .map(|(snippet, _)| snippet.normal.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
         self.events.publish(SessionEvent::SpeculationEnded {
             session_id: self.session_id.as_str().into(),
             cpu_ms,
+            unrun,
         });
         // A request still waiting for a snippet that never came runs for real.
         if let State::Busy(running) = &self.state {

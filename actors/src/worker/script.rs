@@ -52,6 +52,7 @@ pub const WORKER_FILES: &[(&str, &str)] = &[
     worker_file!("pyvisor_worker/execution.py"),
     worker_file!("pyvisor_worker/facts.py"),
     worker_file!("pyvisor_worker/fingerprints.py"),
+    worker_file!("pyvisor_worker/hidden.py"),
     worker_file!("pyvisor_worker/inspection.py"),
     worker_file!("pyvisor_worker/main.py"),
     worker_file!("pyvisor_worker/pages.py"),
