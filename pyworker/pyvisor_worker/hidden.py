@@ -11,8 +11,9 @@ one.
 the names it reads: each object's attribute names, and the contents of each pandas ``_cache``.
 ``Guard.restore()``, after the run, puts every pandas ``_cache`` back as it was, drops the
 values cached properties stored, and says whether the child is still a faithful copy of the
-session: no attribute added or removed anywhere in those objects, no module imported, the
-warnings filters as they were, and every object within reach (at most MAX_OBJECTS objects,
+session: no attribute added or removed anywhere in those objects, no package imported (a
+submodule of one already imported, as libraries import on first use, is allowed; an import
+that wrote a warning ends the child by that), the warnings filters as they were, and every object within reach (at most MAX_OBJECTS objects,
 MAX_ITEMS items of a container, MAX_DEPTH levels). When it is not, the speculation ends after
 that snippet (the host plans the rest again, in a new child).
 
@@ -68,7 +69,8 @@ class Guard:
                 if isinstance(getattr(type(owner), name, None), functools.cached_property):
                     del attributes[name]
         shape, whole = _walk(self._values, [], [])
-        return (self._whole and whole and _world() == self._world
+        modules, filters = self._world
+        return (self._whole and whole and _world()[1] == filters and _lazy_imports(modules)
                 and _names(shape) == _names(self._shape))
 
 
@@ -144,5 +146,15 @@ def _instance_dict(value):
 
 
 def _world():
-    """What outside the objects a snippet can change and a later one would notice."""
-    return len(sys.modules), id(warnings.filters), len(warnings.filters)
+    """What outside the objects a snippet can change and a later one would notice: the
+    modules imported, the warnings filters."""
+    return frozenset(sys.modules), (id(warnings.filters), len(warnings.filters))
+
+
+def _lazy_imports(modules):
+    """Whether the modules imported since `modules` were at most a library's own submodules,
+    imported on first use (pandas imports its HTML formatter the first time a frame is
+    shown): a package the session had not imported might change what later code does."""
+    now = sys.modules
+    return all(name in now for name in modules) and all(
+        name in modules or name.partition(".")[0] in modules for name in now)

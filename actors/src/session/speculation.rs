@@ -170,6 +170,14 @@ impl SessionActor {
         } else {
             Vec::new()
         };
+        tracing::debug!(
+            session = %self.session_id,
+            ending,
+            cpu_ms,
+            snippets = flight.snippets.len(),
+            unrun = unrun.len(),
+            "speculation ended"
+        );
         self.events.publish(SessionEvent::SpeculationEnded {
             session_id: self.session_id.as_str().into(),
             cpu_ms,
