@@ -111,6 +111,15 @@ async fn adopt(worker: &mut Worker, code: &str, outcome: &SpeculativeOutcome) ->
     }
 }
 
+/// Binds `df`, a frame whose index is labels: a label lookup builds the index's hash table.
+async fn labelled_frame(worker: &mut Worker) {
+    ok(
+        worker,
+        "import pandas as pd\ndf = pd.DataFrame({'a': range(5)}, index=list('pqrst'))",
+    )
+    .await;
+}
+
 fn write_csv(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
@@ -274,11 +283,7 @@ async fn speculation_leaves_the_namespace_untouched() {
 #[tokio::test]
 async fn a_snippet_never_sees_what_an_earlier_pure_one_left_behind() {
     let mut worker = start().await;
-    ok(
-        &mut worker,
-        "import pandas as pd\ndf = pd.DataFrame({'a': range(5)}, index=list('pqrst'))",
-    )
-    .await;
+    labelled_frame(&mut worker).await;
     // A label lookup builds the index's hash table, a cache the content check cannot see,
     // and the frame's memory usage counts it.
     let usage = "int(df.memory_usage().sum())";
@@ -327,11 +332,7 @@ async fn a_snippet_that_leaves_what_cannot_be_taken_back_ends_the_child() {
 #[tokio::test]
 async fn a_label_lookup_run_for_real_makes_an_earlier_memory_usage_stale() {
     let mut worker = start().await;
-    ok(
-        &mut worker,
-        "import pandas as pd\ndf = pd.DataFrame({'a': range(5)}, index=list('pqrst'))",
-    )
-    .await;
+    labelled_frame(&mut worker).await;
     let usage = "int(df.memory_usage().sum())";
     let outcome = speculate_one(&mut worker, usage).await;
     assert_eq!(adopt(&mut worker, usage, &outcome).await, None);
