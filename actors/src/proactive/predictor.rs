@@ -6,7 +6,8 @@
 //! which is how [`Learned`] tunes probabilities and runtimes from outcomes. When a session is
 //! idle, the actor asks the model for ranked predictions, leaves out what was already computed
 //! for this state, plans the rest as a dependency graph under a CPU grant from the
-//! [`CpuBudget`] ([`schedule::plan`]) and sends the plan to the session as one [`Speculate`].
+//! [`CpuBudget`], less what a child costs beyond its snippets ([`ChildOverhead`], learned),
+//! ([`schedule::plan`]) and sends the plan to the session as one [`Speculate`].
 //! A session counts as idle once it has been quiet for [`QUIET`]: a caller that sends its
 //! next request at once (a loop, a script) never waits behind a fork of its worker. A tick
 //! retries idle sessions as the budget refills. Nothing is started while the machine
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use super::budget::CpuBudget;
+use super::budget::{ChildOverhead, CpuBudget};
 use super::predict::{normalise, Learned, Prediction, SessionModel, Source, Table};
 use super::schedule::{self, Candidate};
 use super::stats::ProactiveCounters;
@@ -73,6 +74,8 @@ struct Followed {
     tried: HashSet<String>,
     /// Predictions scheduled since the last execution: normal form → (source, template).
     pending: HashMap<String, (Source, String)>,
+    /// CPU milliseconds the snippets of the speculation in flight have reported.
+    snippets_cpu_ms: f64,
 }
 
 impl Followed {
@@ -84,6 +87,7 @@ impl Followed {
             speculating: false,
             tried: HashSet::new(),
             pending: HashMap::new(),
+            snippets_cpu_ms: 0.0,
         }
     }
 }
@@ -94,6 +98,7 @@ pub struct PredictorActor {
     table: &'static Table,
     learned: Learned,
     budget: CpuBudget,
+    overhead: ChildOverhead,
     counters: Arc<ProactiveCounters>,
     sessions: HashMap<Arc<str>, Followed>,
     cpus: usize,
@@ -111,6 +116,7 @@ impl PredictorActor {
             table,
             learned: Learned::default(),
             budget: CpuBudget::new(config.cpu_budget, Instant::now()),
+            overhead: ChildOverhead::default(),
             counters,
             sessions: HashMap::new(),
             cpus,
@@ -184,7 +190,8 @@ impl PredictorActor {
                 after: p.after,
             })
             .collect();
-        let plan = schedule::plan(&candidates, grant);
+        // The child's own cost comes first out of the grant.
+        let plan = schedule::plan(&candidates, grant - self.overhead.ms());
         if plan.is_empty() {
             return;
         }
@@ -206,6 +213,7 @@ impl PredictorActor {
             self.counters.predicted(prediction.source.as_str());
         }
         followed.speculating = true;
+        followed.snippets_cpu_ms = 0.0;
         let addr = followed.addr.clone().expect("checked above");
         let request = Speculate {
             snippets,
@@ -306,9 +314,10 @@ impl Handler<SessionEvent> for PredictorActor {
                 }
             }
             SessionEvent::Speculated(speculated) => {
-                let Some(followed) = self.sessions.get(&speculated.session_id) else {
+                let Some(followed) = self.sessions.get_mut(&speculated.session_id) else {
                     return;
                 };
+                followed.snippets_cpu_ms += speculated.cpu_ms;
                 let template = normalise(&speculated.code)
                     .and_then(|normal| followed.pending.get(&normal))
                     .map(|(_, template)| template.clone());
@@ -320,10 +329,14 @@ impl Handler<SessionEvent> for PredictorActor {
             SessionEvent::SpeculationEnded {
                 session_id,
                 cpu_ms,
+                finished,
                 unrun,
             } => {
                 self.budget.spend(Instant::now(), cpu_ms);
                 if let Some(followed) = self.sessions.get_mut(&session_id) {
+                    if finished {
+                        self.overhead.observe(cpu_ms, followed.snippets_cpu_ms);
+                    }
                     followed.speculating = false;
                     for normal in &unrun {
                         followed.tried.remove(normal);

@@ -34,12 +34,14 @@ pub enum SessionEvent {
     },
     /// A speculative snippet ran (servable or not).
     Speculated(Arc<Speculated>),
-    /// A speculation's child is gone, having used `cpu_ms` of CPU. `unrun` holds the normal
-    /// forms of the snippets it did not come to, having ended early on its own (a snippet left
-    /// it unfit for them): they may be planned again.
+    /// A speculation's child is gone, having used `cpu_ms` of CPU; `finished` when it ended
+    /// on its own (not killed: cancelled, out of CPU, crashed). `unrun` holds the normal forms
+    /// of the snippets a finished child did not come to (a snippet left it unfit for them):
+    /// they may be planned again.
     SpeculationEnded {
         session_id: Arc<str>,
         cpu_ms: f64,
+        finished: bool,
         unrun: Vec<String>,
     },
     /// The namespace was replaced wholesale (restore, crash recovery): what was known of it

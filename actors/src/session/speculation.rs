@@ -62,6 +62,7 @@ impl SessionActor {
             self.events.publish(SessionEvent::SpeculationEnded {
                 session_id: self.session_id.as_str().into(),
                 cpu_ms: 0.0,
+                finished: false,
                 unrun: Vec::new(),
             });
         }
@@ -181,6 +182,7 @@ impl SessionActor {
         self.events.publish(SessionEvent::SpeculationEnded {
             session_id: self.session_id.as_str().into(),
             cpu_ms,
+            finished: ending == "finished",
             unrun,
         });
         // A request still waiting for a snippet that never came runs for real.
