@@ -191,7 +191,11 @@ impl PredictorActor {
             })
             .collect();
         // The child's own cost comes first out of the grant.
-        let plan = schedule::plan(&candidates, grant - self.overhead.ms());
+        let room = grant - self.overhead.ms();
+        if !schedule::worth_a_child(&candidates, room, self.overhead.ms()) {
+            return; // the tick tries again as the bucket fills
+        }
+        let plan = schedule::plan(&candidates, room);
         if plan.is_empty() {
             return;
         }

@@ -73,6 +73,18 @@ fn plan_acyclic(
     }
 }
 
+/// How many times a child's own cost a plan must have room for, unless it has room for every
+/// candidate: each child pays its fork and the worker's pages again, so children planned on
+/// the few milliseconds the bucket has just refilled would spend the budget on forks.
+const BATCH_OVERHEADS: f64 = 3.0;
+
+/// Whether a child is worth forking now, with `room_ms` of a grant left after its own cost of
+/// `overhead_ms`: room for all of `candidates`, or for [`BATCH_OVERHEADS`] times that cost.
+pub fn worth_a_child(candidates: &[Candidate], room_ms: f64, overhead_ms: f64) -> bool {
+    let all: f64 = candidates.iter().map(cost).sum();
+    room_ms >= all.min(BATCH_OVERHEADS * overhead_ms)
+}
+
 fn cost(candidate: &Candidate) -> f64 {
     candidate.cost_ms.max(MIN_COST_MS)
 }
@@ -228,5 +240,23 @@ mod tests {
         assert!(plan.contains(&3));
         assert!(!plan.contains(&2));
         assert!(!(plan.contains(&0) && plan.contains(&1)), "{plan:?}");
+    }
+
+    #[test]
+    fn a_child_waits_for_room_worth_its_own_cost() {
+        let candidate = |cost_ms| Candidate {
+            probability: 0.5,
+            cost_ms,
+            after: None,
+        };
+        let cheap = [candidate(1.0), candidate(2.0)];
+        assert!(worth_a_child(&cheap, 3.0, 20.0), "room for all of them");
+        assert!(!worth_a_child(&cheap, 2.5, 20.0));
+        let costly = [candidate(50.0), candidate(40.0)];
+        assert!(
+            !worth_a_child(&costly, 45.0, 20.0),
+            "a few ms of work for a 20 ms fork"
+        );
+        assert!(worth_a_child(&costly, 60.0, 20.0));
     }
 }
