@@ -48,6 +48,8 @@ const STOP_MARGIN: Duration = Duration::from_secs(10);
 
 /// How long `stop --force` waits for the process to vanish after SIGKILL.
 const KILL_WAIT: Duration = Duration::from_secs(5);
+/// How long `stop` waits, once the daemon released its PID file, for its process to be gone.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 /// How long connecting to the daemon's socket, or one call on it, may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -346,6 +348,7 @@ impl Daemon {
         process::terminate(pid).with_context(|| format!("send SIGTERM to {pid}"))?;
         if self.pid_file.wait_released(timeout).await? {
             self.pid_file.remove_unheld()?;
+            process::wait_gone(pid, EXIT_WAIT).await;
             println!("pyvisor: stopped (pid {pid})");
             return Ok(0);
         }
@@ -368,6 +371,7 @@ impl Daemon {
             return Ok(1);
         }
         self.pid_file.remove_unheld()?;
+        process::wait_gone(pid, EXIT_WAIT).await;
         // Killed, it could not remove its socket; a later `serve` would replace it anyway.
         if health(&self.socket).await.is_err() {
             let _ = std::fs::remove_file(&self.socket);
