@@ -313,6 +313,28 @@ async fn a_snippet_never_sees_a_cached_property_an_earlier_one_filled() {
 }
 
 #[tokio::test]
+async fn snippets_on_a_frame_with_a_multi_index_all_run_in_one_child() {
+    let mut worker = start().await;
+    let counts =
+        "import pandas as pd\nraw = pd.DataFrame({'g': list('aabb'), 'age': [1, 2, 1, 1]})\n\
+                  counts = pd.DataFrame(raw.groupby(['g', 'age']).size(), columns=['n'])";
+    ok(&mut worker, counts).await;
+    // The index's names and levels are lists with attributes of their own (FrozenList).
+    let snippets = ["counts", "counts.head()", "counts.unstack()"];
+    let speculation = speculate(&mut worker, &snippets, 30_000).await;
+    assert_eq!(speculation.ending.as_deref(), Some("finished"));
+    for (index, code) in snippets.iter().enumerate() {
+        let speculated = speculation.outcome(index);
+        assert!(speculated.servable, "{speculated:?}");
+        assert_eq!(
+            speculated.result,
+            ok(&mut worker, code).await.result,
+            "{code}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_snippet_that_leaves_what_cannot_be_taken_back_ends_the_child() {
     let mut worker = start().await;
     ok(&mut worker, "import numpy as np\nx = np.float64(1.0)").await;

@@ -51,7 +51,14 @@ class Guard:
         self._world = _world()
 
     def restore(self):
-        """Put back the caches, drop cached properties; whether nothing else changed."""
+        """Put back the caches, drop cached properties; whether nothing else changed. False
+        also when an object's own code raised on the way: what was not put back stays."""
+        try:
+            return self._restore()
+        except Exception:
+            return False
+
+    def _restore(self):
         for owner, cache in self._caches:
             current = _instance_dict(owner).get("_cache")
             if isinstance(current, dict):
@@ -75,7 +82,8 @@ class Guard:
 
 
 def _walk(values, caches, uncached):
-    """({id: (object, frozenset of its attribute names or None)}, whether all was seen);
+    """({id: (object, frozenset of its attribute names, None for an object without an
+    instance dict)}, whether all was seen);
     fills `caches` and `uncached` with the pandas objects' caches."""
     shape = {}
     try:
@@ -98,7 +106,8 @@ def _visit(values, shape, caches, uncached):
             if len(value) > MAX_ITEMS:
                 whole = False
                 break
-            shape[id(value)] = (value, None)
+            own = _instance_dict(value)  # a subclass's (pandas's FrozenList) or None
+            shape[id(value)] = (value, None if own is None else frozenset(own))
             items = dict.values(value) if isinstance(value, dict) else value
             pending.extend((item, depth + 1) for item in items)
             continue

@@ -133,6 +133,7 @@ def speculate(request):
 
 def _collect(child, read_fd):
     """Thread: forward the outcomes of `child`, reap it, send speculation_done."""
+    failure = None  # what the child said went wrong in its own code
     with open(read_fd, "rb") as pipe:
         for line in pipe:  # until the child exits
             if not line.endswith(b"\n"):  # cut short by its death
@@ -141,6 +142,9 @@ def _collect(child, read_fd):
                 index, outcome = protocol.decode(line.decode("utf-8"))
             except ValueError:
                 break
+            if index is None:
+                failure = outcome
+                continue
             protocol.send({"type": "speculated", "id": child.id, "index": index,
                            "outcome": outcome})
     try:
@@ -160,13 +164,15 @@ def _collect(child, read_fd):
     started = time.thread_time()
     pages.reclaim()  # the child is gone: the next execution finds its pages writable
     cpu_ms = (usage.ru_utime + usage.ru_stime + time.thread_time() - started) * 1000
-    protocol.send(speculation_done(child.id, _ending(child, status), cpu_ms))
+    protocol.send(speculation_done(child.id, _ending(child, status, failure), cpu_ms))
 
 
-def _ending(child, status):
+def _ending(child, status, failure):
     if os.WIFEXITED(status):
         code = os.WEXITSTATUS(status)
-        return "finished" if code == 0 else "crashed: exit status %d" % code
+        if code == 0:
+            return "finished"
+        return "crashed: " + (failure or "exit status %d" % code)
     number = os.WTERMSIG(status)
     if child.cancelled and number == signal.SIGKILL:
         return "cancelled"
@@ -198,16 +204,24 @@ def _child_main(codes, limits, write_fd):
         builtins.input = getpass.getpass = snippets.refuse_input
         first = execution.next_number()
         with open(write_fd, "wb", buffering=0) as pipe:
-            for index, code in enumerate(codes):
-                del sink[:]
-                outcome, faithful = snippets.run(code, "<cell-%d>" % (first + index),
-                                                 repr_limit, output_limit, sink)
-                pipe.write(protocol.encode([index, outcome]).encode("utf-8", "replace") + b"\n")
-                if not faithful:
-                    break  # the snippets after it would answer from what it left behind
+            try:
+                for index, code in enumerate(codes):
+                    del sink[:]
+                    outcome, faithful = snippets.run(code, "<cell-%d>" % (first + index),
+                                                     repr_limit, output_limit, sink)
+                    pipe.write(_line([index, outcome]))
+                    if not faithful:
+                        break  # the snippets after it would answer from what it left behind
+            except Exception as exc:  # the worker's own fault: say which, for the host's log
+                pipe.write(_line([None, "%s: %s" % (type(exc).__name__, exc)]))
+                raise
         status = 0
     finally:
         os._exit(status)
+
+
+def _line(record):
+    return protocol.encode(record).encode("utf-8", "replace") + b"\n"
 
 
 def _contain(cpu_ms):
