@@ -47,24 +47,38 @@ impl SessionActor {
         let Some(normal) = normalise(code).filter(|_| proactive.awaited.is_none()) else {
             return ServePath::Real;
         };
-        if let Some(flight) = proactive.flight.as_ref().filter(|f| !f.stale) {
-            if let Some(index) = flight.snippets.iter().position(|s| s.normal == normal) {
-                match &flight.ready[index] {
-                    Some(entry) if proactive.versions.holds(&entry.key) => {
-                        return ServePath::Adopting {
-                            entry: entry.clone(),
-                            joined: false,
+        let (path, why) = 'chosen: {
+            if let Some(flight) = proactive.flight.as_ref().filter(|f| !f.stale) {
+                if let Some(index) = flight.snippets.iter().position(|s| s.normal == normal) {
+                    match &flight.ready[index] {
+                        Some(entry) if proactive.versions.holds(&entry.key) => {
+                            let entry = entry.clone();
+                            let path = ServePath::Adopting {
+                                entry,
+                                joined: false,
+                            };
+                            break 'chosen (path, "computed by the running speculation");
                         }
+                        None if !flight.answered[index] => {
+                            break 'chosen (ServePath::Joining { index }, "being speculated");
+                        }
+                        _ => {}
                     }
-                    None if !flight.answered[index] => return ServePath::Joining { index },
-                    _ => {}
                 }
             }
-        }
-        match proactive.stored.get(&normal) {
-            Some(key) if proactive.versions.holds(key) => ServePath::Taking { normal },
-            _ => ServePath::Real,
-        }
+            match proactive.stored.get(&normal) {
+                Some(key) if proactive.versions.holds(key) => (
+                    ServePath::Taking {
+                        normal: normal.clone(),
+                    },
+                    "cached",
+                ),
+                Some(_) => (ServePath::Real, "cached, but what it read changed since"),
+                None => (ServePath::Real, "never speculated"),
+            }
+        };
+        tracing::debug!(session = %self.session_id, code = %normal, why, "request");
+        path
     }
 
     /// Starts answering the running execution along `path`.

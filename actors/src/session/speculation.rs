@@ -101,6 +101,13 @@ impl SessionActor {
                 duration_ms: outcome.duration_ms,
                 cpu_ms: outcome.cpu_ms,
             })));
+        tracing::debug!(
+            session = %self.session_id,
+            code = %planned.normal,
+            servable = outcome.servable,
+            status = ?outcome.status,
+            "snippet speculated"
+        );
         let binds = outcome.binds.clone();
         if outcome.servable && outcome.status == WorkerStatus::Ok {
             let key = flight.snapshot.key(
@@ -235,6 +242,12 @@ impl Handler<Speculate> for SessionActor {
             return false;
         }
         let count = snippets.len();
+        tracing::debug!(
+            session = %self.session_id,
+            snippets = ?snippets.iter().map(|s| s.normal.as_str()).collect::<Vec<_>>(),
+            cpu_ms = msg.cpu_ms,
+            "speculation sent"
+        );
         proactive.flight = Some(InFlight {
             id,
             snapshot: versions.snapshot(),
