@@ -272,6 +272,7 @@ impl RegistryActor {
             llm,
             proactive: proactive.as_ref().map(|(_, cache)| ProactiveSetup {
                 cache: cache.clone(),
+                kept: self.config.proactive.cache.per_session,
                 counters: self.config.proactive.counters.clone(),
             }),
         };

@@ -87,6 +87,14 @@ pub struct Take {
     pub normal: String,
 }
 
+/// Drop the entries of `session_id` for `normals`: answers the session knows are stale.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Discard {
+    pub session_id: Arc<str>,
+    pub normals: Vec<String>,
+}
+
 /// Drop every entry of `session_id`.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -270,6 +278,17 @@ impl Handler<Take> for CacheActor {
     }
 }
 
+impl Handler<Discard> for CacheActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Discard, _: &mut Context<Self>) {
+        for normal in msg.normals {
+            self.discard(&(msg.session_id.clone(), normal));
+        }
+        self.counters.cache_size(self.bytes);
+    }
+}
+
 impl Handler<ForgetSession> for CacheActor {
     type Result = ();
 
@@ -419,6 +438,26 @@ mod tests {
             .unwrap();
         assert!(!has(&cache, "s1", "a").await);
         assert!(has(&cache, "s2", "a").await);
+    }
+
+    #[actix::test]
+    async fn stale_answers_are_discarded_by_name() {
+        let (cache, counters) = cache_with_default();
+        for name in ["a", "b"] {
+            store(&cache, "s1", name, 10).await;
+        }
+        store(&cache, "s2", "a", 10).await;
+        let normals = vec!["a".to_string(), "never stored".to_string()];
+        cache
+            .send(Discard {
+                session_id: "s1".into(),
+                normals,
+            })
+            .await
+            .unwrap();
+        assert!(!has(&cache, "s1", "a").await);
+        assert!(has(&cache, "s1", "b").await && has(&cache, "s2", "a").await);
+        assert_eq!(counters.stats().discarded, 1);
     }
 
     fn cache_with_default() -> (Addr<CacheActor>, Arc<ProactiveCounters>) {

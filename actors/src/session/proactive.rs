@@ -17,13 +17,11 @@ use pyvisor_protocol::CellFacts;
 use super::events::{Executed, SessionEvent};
 use super::speculation::InFlight;
 use super::{SessionActor, State};
-use crate::proactive::cache::{CacheActor, ForgetSession};
+use crate::proactive::cache::{CacheActor, Discard, ForgetSession};
 use crate::proactive::predictor::QUIET;
 use crate::proactive::stats::{ProactiveCounters, ProactiveStats};
 use crate::proactive::versions::{ReadKey, VersionTable};
 
-/// Answers a session remembers having stored, to tell a likely hit without asking the cache.
-const REMEMBERED_ANSWERS: usize = 64;
 /// What the host takes in of a worker's facts (the worker is untrusted): object summaries,
 /// columns per summary, and names per list; longer name lists count as "anything may have
 /// changed".
@@ -40,6 +38,8 @@ const MAX_FACT_LITERAL_BYTES: usize = 160;
 #[derive(Clone)]
 pub struct ProactiveSetup {
     pub cache: Addr<CacheActor>,
+    /// Answers the cache keeps for one session ([`CacheLimits::per_session`]).
+    pub kept: usize,
     pub counters: Arc<ProactiveCounters>,
 }
 
@@ -124,17 +124,28 @@ impl Proactive {
 
     /// Remembers that the answer to `normal` is stored under `key`.
     pub(super) fn remember(&mut self, normal: String, key: ReadKey) {
-        if self.stored.len() >= REMEMBERED_ANSWERS {
-            let versions = &self.versions;
-            self.stored.retain(|_, key| versions.holds(key));
-        }
-        if self.stored.len() >= REMEMBERED_ANSWERS {
-            // Forgetting one only costs a request a round trip to the cache for nothing.
-            if let Some(any) = self.stored.keys().next().cloned() {
-                self.stored.remove(&any);
-            }
-        }
         self.stored.insert(normal, key);
+    }
+
+    /// How many more answers the cache keeps for this session, once the answers that went
+    /// stale are dropped from it. A speculation sends no more snippets than that: beyond it
+    /// the cache would evict the answers stored first, which are the likeliest.
+    pub(super) fn room(&mut self, session_id: &Arc<str>) -> usize {
+        let versions = &self.versions;
+        let stale: Vec<String> = (self.stored.iter())
+            .filter(|(_, key)| !versions.holds(key))
+            .map(|(normal, _)| normal.clone())
+            .collect();
+        if !stale.is_empty() {
+            for normal in &stale {
+                self.stored.remove(normal);
+            }
+            self.setup.cache.do_send(Discard {
+                session_id: session_id.clone(),
+                normals: stale,
+            });
+        }
+        self.setup.kept.saturating_sub(self.stored.len())
     }
 }
 

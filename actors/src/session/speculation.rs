@@ -215,16 +215,13 @@ impl Handler<Speculate> for SessionActor {
         if !idle || behind || !able || proactive.flight.is_some() || self.draining.is_some() {
             return false;
         }
-        let versions = &proactive.versions;
+        let room = proactive.room(&self.session_id.as_str().into());
+        let stored = &proactive.stored;
         let snippets: Vec<PlannedSnippet> = msg
             .snippets
             .into_iter()
-            .filter(|s| {
-                proactive
-                    .stored
-                    .get(&s.normal)
-                    .is_none_or(|key| !versions.holds(key))
-            })
+            .filter(|s| !stored.contains_key(&s.normal))
+            .take(room)
             .collect();
         if snippets.is_empty() {
             return false;
@@ -250,7 +247,7 @@ impl Handler<Speculate> for SessionActor {
         );
         proactive.flight = Some(InFlight {
             id,
-            snapshot: versions.snapshot(),
+            snapshot: proactive.versions.snapshot(),
             forked_at: proactive.real_runs,
             snippets,
             ready: vec![None; count],

@@ -145,6 +145,37 @@ async fn hinted_code_is_answered_from_speculation() {
 }
 
 #[tokio::test]
+async fn a_session_never_speculates_more_than_the_cache_keeps_for_it() {
+    let engine = engine().await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    ok(&session, "xs = list(range(100))").await;
+    // More snippets than the 50 answers the cache keeps for one session.
+    let code: Vec<String> = (0..70).map(|i| format!("xs[{i}] * 3")).collect();
+    let code: Vec<&str> = code.iter().map(String::as_str).collect();
+    hint(&session, &code).await;
+    let ahead = within(async {
+        loop {
+            let info = session.info().await.unwrap();
+            if info.ahead.len() >= 40 && info.speculating.is_empty() {
+                return info.ahead;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    assert!(
+        ahead.len() <= 50,
+        "{} answers said to be ahead",
+        ahead.len()
+    );
+    // Each answer the session counts on is still in the cache.
+    for normal in &ahead {
+        let answer = ok(&session, normal).await;
+        assert!(answer.from_cache, "{normal} ran for real");
+    }
+}
+
+#[tokio::test]
 async fn a_mutation_through_an_alias_is_never_answered_stale() {
     let engine = engine().await;
     let (session, twin) = sessions(&engine).await;
