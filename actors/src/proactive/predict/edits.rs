@@ -6,7 +6,10 @@
 //! The vocabulary ([`Edits`]: keywords with a literal value by callee, members by member) is
 //! counted on the corpus by `learn.rs`, and an entry is kept only when sessions of two
 //! repositories at least used it, so that it is the library's vocabulary and not one
-//! session's. Values that are data of the session (column labels, index labels, column
+//! session's. Besides the members a later cell used in another's place, members are *alike*
+//! when the corpus wrote both in the same surroundings in several places (`$0.$c0.max()` and
+//! `$0.$c0.median()`, `$0[$c0].max()` and `$0[$c0].median()`), whether or not one session
+//! swapped them: `df.SALARY.max()` then `df.SALARY.median()`. Values that are data of the session (column labels, index labels, column
 //! values) are never counted. Part of the history source, each way of editing with its own
 //! learned rate.
 
@@ -30,6 +33,12 @@ const KEPT: usize = 8;
 const MIN_REPOSITORIES: usize = 2;
 /// How many cells back a member swapped for another is looked for when counting.
 const WINDOW: usize = 5;
+/// Alike members tried per member, beyond the siblings.
+const ALIKE: usize = 4;
+/// Surroundings two members must share to be alike.
+const MIN_SHARED: u32 = 2;
+/// Stands for the member taken out of a statement to give its surroundings.
+const HOLE: &str = "_member_";
 
 /// The learned vocabulary of edits.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -40,6 +49,10 @@ pub struct Edits {
     /// Member name (`isnull`) to the members a later cell used in its place, the rest of the
     /// statement unchanged (`notnull`), with how often, the most frequent first.
     pub siblings: BTreeMap<String, Vec<(String, u32)>>,
+    /// Member name to the members written in the same surroundings (the statement's template
+    /// with the member taken out), with how many surroundings they share, the most first.
+    #[serde(default)]
+    pub alike: BTreeMap<String, Vec<(String, u32)>>,
 }
 
 /// Counts of the vocabulary, with the repositories each entry was seen in.
@@ -47,6 +60,8 @@ pub struct Edits {
 pub(super) struct EditCounts {
     keywords: HashMap<(String, String), Seen>,
     siblings: HashMap<(String, String), Seen>,
+    /// (surroundings, member): a member as written, with its statement's template around it.
+    members: HashMap<(String, String), Seen>,
 }
 
 #[derive(Debug, Default)]
@@ -87,6 +102,13 @@ impl EditCounts {
             .flat_map(|t| statements(t))
             .collect();
         for statement in statements(tokens) {
+            for (at, member) in members(statement, scope) {
+                let mut holed = statement.to_vec();
+                holed[at].text = HOLE.to_string();
+                let surroundings = abstract_tokens(&holed, scope).context;
+                let key = (surroundings, member.to_string());
+                self.members.entry(key).or_default().add(repository);
+            }
             for before in &earlier {
                 if let Some((from, to)) = swapped_member(before, statement, scope) {
                     for pair in [(from.clone(), to.clone()), (to, from)] {
@@ -102,8 +124,67 @@ impl EditCounts {
         Edits {
             keywords: kept(&self.keywords, without),
             siblings: kept(&self.siblings, without),
+            alike: alike(&self.members, without),
         }
     }
+}
+
+/// Members to the members that share at least [`MIN_SHARED`] surroundings with them, in
+/// sessions of repositories other than `without`.
+fn alike(
+    members: &HashMap<(String, String), Seen>,
+    without: Option<&str>,
+) -> BTreeMap<String, Vec<(String, u32)>> {
+    let mut by_surroundings: HashMap<&str, Vec<&str>> = HashMap::new();
+    for ((surroundings, member), seen) in members {
+        if seen
+            .repositories
+            .iter()
+            .any(|r| Some(r.as_str()) != without)
+        {
+            by_surroundings
+                .entry(surroundings)
+                .or_default()
+                .push(member);
+        }
+    }
+    let mut shared: HashMap<(&str, &str), u32> = HashMap::new();
+    for written in by_surroundings.values() {
+        for a in written {
+            for b in written.iter().filter(|b| *b != a) {
+                *shared.entry((a, b)).or_default() += 1;
+            }
+        }
+    }
+    let mut out: BTreeMap<String, Vec<(String, u32)>> = BTreeMap::new();
+    for ((a, b), n) in shared {
+        if n >= MIN_SHARED {
+            out.entry(a.to_string())
+                .or_default()
+                .push((b.to_string(), n));
+        }
+    }
+    for entries in out.values_mut() {
+        entries.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        entries.truncate(KEPT);
+    }
+    out
+}
+
+/// The members of `statement` (a name after a `.`) that are neither a column label nor a
+/// variable, with their positions.
+fn members<'a>(statement: &'a [Token], scope: &Scope) -> Vec<(usize, &'a str)> {
+    (1..statement.len())
+        .filter(|&at| statement[at - 1].is_op(".") && is_member(&statement[at], scope))
+        .map(|at| (at, statement[at].text.as_str()))
+        .collect()
+}
+
+fn is_member(token: &Token, scope: &Scope) -> bool {
+    token.kind == Kind::Name
+        && !is_keyword(&token.text)
+        && !scope.columns.contains(&token.text)
+        && !scope.vars.contains(&token.text)
 }
 
 fn kept(
@@ -217,13 +298,7 @@ fn swapped_member(before: &[Token], after: &[Token], scope: &Scope) -> Option<(S
     if differing.next().is_some() || at == 0 || !before[at - 1].is_op(".") {
         return None;
     }
-    let member = |t: &Token| {
-        t.kind == Kind::Name
-            && !is_keyword(&t.text)
-            && !scope.columns.contains(&t.text)
-            && !scope.vars.contains(&t.text)
-    };
-    (member(from) && member(to)).then(|| (from.text.clone(), to.text.clone()))
+    (is_member(from, scope) && is_member(to, scope)).then(|| (from.text.clone(), to.text.clone()))
 }
 
 impl SessionModel {
@@ -248,17 +323,25 @@ impl SessionModel {
                 }
             }
         }
-        for (at, token) in tokens.iter().enumerate().skip(1) {
-            let Some(siblings) = edits.siblings.get(&token.text) else {
-                continue;
-            };
-            if !tokens[at - 1].is_op(".") || scope.columns.contains(&token.text) {
-                continue;
-            }
-            for (sibling, _) in siblings.iter().take(SIBLINGS) {
+        for (at, member) in members(&tokens, &scope) {
+            let swap = |other: &str| {
                 let mut t = tokens.clone();
-                t[at].text.clone_from(sibling);
-                edited.push((t, GuessKind::Swapped));
+                t[at].text = other.to_string();
+                t
+            };
+            let siblings: Vec<&str> = (edits.siblings.get(member).into_iter().flatten())
+                .take(SIBLINGS)
+                .map(|(s, _)| s.as_str())
+                .collect();
+            for sibling in &siblings {
+                edited.push((swap(sibling), GuessKind::Swapped));
+            }
+            let alike = edits.alike.get(member).into_iter().flatten();
+            for (other, _) in alike
+                .filter(|(o, _)| !siblings.contains(&o.as_str()))
+                .take(ALIKE)
+            {
+                edited.push((swap(other), GuessKind::Alike));
             }
         }
         let mut out: Vec<HistoryGuess> = Vec::new();
@@ -368,6 +451,11 @@ mod tests {
             )]
             .into(),
             siblings: [entries("isnull", &["notnull"]), entries("price", &["city"])].into(),
+            alike: [
+                entries("isnull", &["notnull", "isna"]),
+                entries("max", &["median"]),
+            ]
+            .into(),
         }
     }
 
@@ -407,6 +495,43 @@ mod tests {
         // `price` is a column of `df`: the vocabulary does not rename the session's data.
         let model = after("df.price.mean()", true);
         assert!(guesses(&model, GuessKind::Swapped).is_empty());
+    }
+
+    #[test]
+    fn a_member_is_swapped_for_one_written_alike() {
+        let model = after("df.price.max()", true);
+        assert_eq!(guesses(&model, GuessKind::Alike), ["df.price.median()"]);
+        // A sibling already tried is not tried again as alike.
+        let model = after("df.isnull().sum()", true);
+        assert_eq!(guesses(&model, GuessKind::Alike), ["df.isna().sum()"]);
+    }
+
+    #[test]
+    fn members_are_alike_when_written_in_two_of_the_same_surroundings() {
+        let scope = Scope {
+            vars: ["df".to_string(), "s".to_string()].into(),
+            columns: ["price".to_string()].into(),
+            ..Scope::default()
+        };
+        let tokens = |code: &str| tokenize(code).expect("tokenizes");
+        let mut counts = EditCounts::default();
+        for (repository, code) in [
+            ("a", "df.price.max()"),
+            ("b", "df['price'].max()"),
+            ("b", "df.price.median()"),
+            ("c", "df['price'].median()"),
+            ("c", "s.max()"),
+            ("a", "s.shape"),
+        ] {
+            counts.add_cell(repository, &tokens(code), &[], &scope);
+        }
+        let edits = counts.build(None);
+        assert_eq!(edits.alike["max"], [("median".to_string(), 2)]);
+        assert_eq!(edits.alike["median"], [("max".to_string(), 2)]);
+        // `shape` shares only `s._` with nothing: no entry.
+        assert!(!edits.alike.contains_key("shape"));
+        // Without repository c, `$0[$c0].median()` is gone and one surrounding is left.
+        assert!(counts.build(Some("c")).alike.is_empty());
     }
 
     #[test]

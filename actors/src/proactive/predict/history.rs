@@ -51,6 +51,7 @@ impl GuessKind {
             GuessKind::OtherLiteral => "other-literal",
             GuessKind::Argument => "argument",
             GuessKind::Swapped => "swapped",
+            GuessKind::Alike => "alike",
         }
     }
 }
@@ -74,6 +75,9 @@ pub enum GuessKind {
     Argument,
     /// The last cell with a member swapped for a learned sibling (`edits.rs`).
     Swapped,
+    /// The last cell with a member swapped for one written in the same surroundings
+    /// (`edits.rs`).
+    Alike,
 }
 
 impl SessionModel {
