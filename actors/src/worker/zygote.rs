@@ -6,18 +6,21 @@
 //! through [`Zygote::fork`]. Behind the handle, one std thread ("pyvisor-zygote") owns the
 //! zygote process and does all the blocking socket work, so that nothing blocks an arbiter.
 //! The thread is long-lived, which matters: the zygote is started from it through the same
-//! [`child_command`] as every worker (own process group, `PR_SET_PDEATHSIG` tied to the
-//! thread, `PR_SET_NO_NEW_PRIVS`, only fds 0-3), with no memory or process rlimits, and is
-//! registered with the janitor. pyworker/pyvisor_worker/zygote.py documents the zygote's side.
+//! [`child_command`](super::child::child_command) as every worker (own process group,
+//! `PR_SET_PDEATHSIG` tied to the thread, `PR_SET_NO_NEW_PRIVS`, only fds 0-3), with no memory
+//! or process rlimits, and is registered with the janitor. pyworker/pyvisor_worker/zygote.py
+//! documents the zygote's side. The thread's loop is in this file; `lifecycle` starts, takes
+//! down and stops the process, and `protocol` is what goes over its socket.
 //!
 //! The zygote talks over a `SOCK_SEQPACKET` socketpair (its fd 3): one JSON
-//! [`ZygoteRequest`] or [`ZygoteReply`] per datagram. A fork request carries the child's fds
-//! 0-5 as `SCM_RIGHTS`: the host makes these pipes exactly as for a plain spawn, and closes
-//! its copies of the child's ends once they are sent. The zygote keeps one child forked ahead
-//! of the next request, so a request costs a message to that child rather than a fork of a
-//! process as big as pandas makes it. The zygote reaps its children and reports each exit;
-//! the thread hands each report to the pump of that worker through a oneshot channel that it
-//! creates when the fork is reported, so no report can come first.
+//! [`ZygoteRequest`](pyvisor_protocol::ZygoteRequest) or
+//! [`ZygoteReply`](pyvisor_protocol::ZygoteReply) per datagram. A fork request carries the
+//! child's fds 0-5 as `SCM_RIGHTS`: the host makes these pipes exactly as for a plain spawn,
+//! and closes its copies of the child's ends once they are sent. The zygote keeps one child
+//! forked ahead of the next request, so a request costs a message to that child rather than a
+//! fork of a process as big as pandas makes it. The zygote reaps its children and reports each
+//! exit; the thread hands each report to the pump of that worker through a oneshot channel that
+//! it creates when the fork is reported, so no report can come first.
 //!
 //! A forked child differs from a spawned worker only in what it inherits from the zygote:
 //! the preload modules, and the environment the host had when the zygote started (the spec's
@@ -39,43 +42,28 @@
 //! are still seen, status unknown. Dropping the last handle closes the socket: the zygote
 //! exits (it is killed if it does not within a grace period) and the thread ends.
 
+mod lifecycle;
+mod protocol;
+
 use std::collections::HashMap;
-use std::io::IoSlice;
 use std::mem;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use command_fds::FdMapping;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{
-    recv, sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
-};
 use nix::unistd::{pipe2, read, write};
-use pyvisor_protocol::{Rlimit, SandboxPlan, ZygoteReply, ZygoteRequest};
+use pyvisor_protocol::{Rlimit, SandboxPlan};
 use tokio::sync::oneshot;
 
-use super::child::{child_command, ChildPlan, RlimitPlan};
 use super::janitor::Janitor;
-use super::script::verify_worker_package;
-use super::spawn::kill_group;
 use crate::errors::SpawnError;
-use crate::limits::ProcessLimits;
-
-/// Wait before the first restart after a failure; doubles with each consecutive failure.
-const RESTART_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest wait between restarts of a zygote that keeps failing.
-const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// How long a zygote whose socket was closed may take to exit before it is killed.
-const STOP_GRACE: Duration = Duration::from_secs(2);
-/// Largest reply datagram read from the zygote.
-const REPLY_BUFFER: usize = 64 * 1024;
 
 /// Handle on a zygote fork server. Dropping the last handle ends the zygote.
 #[derive(Debug)]
@@ -239,6 +227,13 @@ impl State {
             State::Starting { process, .. } | State::Ready { process } => Some(process),
         }
     }
+
+    fn into_process(self) -> Option<Process> {
+        match self {
+            State::Down => None,
+            State::Starting { process, .. } | State::Ready { process } => Some(process),
+        }
+    }
 }
 
 /// The zygote thread: owns the process, serves fork commands, routes replies.
@@ -346,261 +341,6 @@ impl Server {
         }
         Turn::Continue
     }
-
-    /// Starts a zygote process; it is ready once it says so.
-    fn launch(&mut self) -> Result<(), SpawnError> {
-        // A restarted zygote, too, imports nothing a session could have written.
-        verify_worker_package(&self.script)?;
-        let (control, zygote_end) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .map_err(|errno| SpawnError::Pipe(errno.into()))?;
-        let mut args = vec!["--zygote".to_owned()];
-        if !self.preload.is_empty() {
-            args.push("--preload".to_owned());
-            args.push(self.preload.join(","));
-        }
-        let mut command = child_command(ChildPlan {
-            python: &self.python,
-            script: &self.script,
-            args,
-            stdout: Stdio::null(),
-            stderr: Stdio::null(),
-            fds: vec![FdMapping {
-                parent_fd: zygote_end,
-                child_fd: 3,
-            }],
-            cwd: None,
-            env: &[],
-            rlimits: RlimitPlan::new(ProcessLimits::default(), false),
-        });
-        let child = command.spawn().map_err(|source| SpawnError::Spawn {
-            python: self.python.clone(),
-            source,
-        })?;
-        // Dropping the command closes our copy of the zygote's end of the socket.
-        drop(command);
-        let pid = child.id();
-        if let Some(janitor) = &self.janitor {
-            janitor.register(pid);
-        }
-        self.state = State::Starting {
-            process: Process {
-                child,
-                pid,
-                control,
-            },
-            deadline: Instant::now() + self.ready_timeout,
-        };
-        Ok(())
-    }
-
-    /// Passes a fork request on to the zygote, or answers it at once when there is none.
-    fn fork(&mut self, order: ForkOrder, reply: ForkReply) {
-        let refuse = |reply: ForkReply, reason: String| {
-            let _ = reply.send(Err(SpawnError::Zygote { reason }));
-        };
-        let control = match &self.state {
-            State::Ready { process } => process.control.as_raw_fd(),
-            State::Starting { .. } => return refuse(reply, "it is starting".into()),
-            State::Down => {
-                let reason = format!("it is down ({})", self.last_failure);
-                if Instant::now() >= self.retry_at {
-                    tracing::info!(preload = ?self.preload, "restarting the zygote");
-                    if let Err(err) = self.launch() {
-                        self.down(err.to_string());
-                    }
-                }
-                return refuse(reply, reason);
-            }
-        };
-        let id = self.next_id;
-        self.next_id += 1;
-        let ForkOrder {
-            fds,
-            cwd,
-            env,
-            rlimits,
-            sandbox,
-        } = order;
-        let request = ZygoteRequest::Fork {
-            id,
-            cwd,
-            env,
-            rlimits,
-            sandbox,
-        };
-        let payload = match serde_json::to_vec(&request) {
-            Ok(payload) => payload,
-            Err(err) => return refuse(reply, format!("encode the fork request: {err}")),
-        };
-        let raw: [RawFd; 6] = fds.each_ref().map(|fd| fd.as_raw_fd());
-        let sent = sendmsg::<()>(
-            control,
-            &[IoSlice::new(&payload)],
-            &[ControlMessage::ScmRights(&raw)],
-            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-            None,
-        );
-        // The zygote has its own copies now; ours close here, so the host sees EOF later.
-        drop(fds);
-        match sent {
-            Ok(_) => {
-                self.pending.insert(id, reply);
-            }
-            Err(errno) => refuse(reply, format!("send the fork request: {errno}")),
-        }
-    }
-
-    /// Reads and handles every reply the zygote has sent; takes it down if it is gone.
-    fn read_replies(&mut self) {
-        let Some(process) = self.state.process() else {
-            return;
-        };
-        let mut buffer = vec![0u8; REPLY_BUFFER];
-        let mut replies = Vec::new();
-        let closed = loop {
-            match recv(
-                process.control.as_raw_fd(),
-                &mut buffer,
-                MsgFlags::MSG_DONTWAIT,
-            ) {
-                Ok(0) => break Some("it closed its socket".to_owned()),
-                Ok(n) => match serde_json::from_slice::<ZygoteReply>(&buffer[..n]) {
-                    Ok(reply) => replies.push(reply),
-                    Err(err) => break Some(format!("it sent a malformed reply: {err}")),
-                },
-                Err(Errno::EAGAIN) => break None,
-                Err(Errno::EINTR) => continue,
-                Err(errno) => break Some(format!("its socket failed: {errno}")),
-            }
-        };
-        // What the zygote said before it went (a failed preload) explains more than the end.
-        let mut failed = None;
-        for reply in replies {
-            if let Some(reason) = self.on_reply(reply) {
-                failed.get_or_insert(reason);
-            }
-        }
-        if let Some(reason) = failed.or(closed) {
-            self.down(reason);
-        }
-    }
-
-    /// Handles one reply; returns why the zygote must go, if it must.
-    fn on_reply(&mut self, reply: ZygoteReply) -> Option<String> {
-        match reply {
-            ZygoteReply::Ready { .. } => {
-                let State::Starting { process, .. } = mem::replace(&mut self.state, State::Down)
-                else {
-                    return Some("it said ready twice".into());
-                };
-                self.pid.store(process.pid, Ordering::Release);
-                self.failures = 0;
-                tracing::info!(pid = process.pid, preload = ?self.preload, "zygote ready");
-                self.state = State::Ready { process };
-            }
-            ZygoteReply::Failed { reason } => return Some(format!("it failed: {reason}")),
-            ZygoteReply::Forked { id, pid } => {
-                let (watcher, exit) = oneshot::channel();
-                let delivered = match self.pending.remove(&id) {
-                    Some(reply) => reply.send(Ok(Forked { pid, exit })).is_ok(),
-                    None => false,
-                };
-                if delivered {
-                    self.watchers.insert(pid, watcher);
-                } else {
-                    // Nobody waits for this child any more (the caller timed out): it is still
-                    // blocked before its start frame, so ending it loses nothing.
-                    kill_group(pid);
-                }
-            }
-            ZygoteReply::ForkFailed { id, reason } => {
-                if let Some(reply) = self.pending.remove(&id) {
-                    let _ = reply.send(Err(SpawnError::Zygote {
-                        reason: format!("it could not fork: {reason}"),
-                    }));
-                }
-            }
-            ZygoteReply::Exited { pid, status } => {
-                if let Some(watcher) = self.watchers.remove(&pid) {
-                    let _ = watcher.send(status);
-                }
-            }
-        }
-        None
-    }
-
-    /// The zygote is gone or unusable: kill it, fail what waits on it, plan the restart.
-    fn down(&mut self, reason: String) {
-        tracing::warn!(%reason, preload = ?self.preload, "zygote down");
-        if let Some(process) = mem::replace(&mut self.state, State::Down).into_process() {
-            kill_group(process.pid);
-            self.reap(process.child, process.pid);
-        }
-        self.failures = self.failures.saturating_add(1);
-        self.retry_at = Instant::now() + restart_backoff(self.failures);
-        self.orphan(&reason);
-        self.last_failure = reason;
-    }
-
-    /// Ends the zygote cleanly: closing its socket makes it exit; it is killed if it does not.
-    fn stop(&mut self) {
-        if let Some(process) = mem::replace(&mut self.state, State::Down).into_process() {
-            let Process {
-                mut child,
-                pid,
-                control,
-            } = process;
-            drop(control);
-            let deadline = Instant::now() + STOP_GRACE;
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                // This thread is the zygote's own; no actor waits on it.
-                thread::sleep(Duration::from_millis(5));
-            }
-            kill_group(pid);
-            self.reap(child, pid);
-        }
-        self.orphan("it was stopped");
-    }
-
-    /// Waits for the (killed or exited) zygote and tells the janitor its group is gone.
-    fn reap(&self, mut child: Child, pid: u32) {
-        let _ = child.wait();
-        if let Some(janitor) = &self.janitor {
-            janitor.unregister(pid);
-        }
-        self.pid.store(0, Ordering::Release);
-    }
-
-    /// Fails the forks in flight and lets go of the forked children: their pumps watch their
-    /// pidfds from now on.
-    fn orphan(&mut self, reason: &str) {
-        for (_, reply) in self.pending.drain() {
-            let _ = reply.send(Err(SpawnError::Zygote {
-                reason: format!("it went down during the fork: {reason}"),
-            }));
-        }
-        self.watchers.clear();
-    }
-}
-
-impl State {
-    fn into_process(self) -> Option<Process> {
-        match self {
-            State::Down => None,
-            State::Starting { process, .. } | State::Ready { process } => Some(process),
-        }
-    }
-}
-
-/// How long to wait before restarting after `failures` consecutive failures (at least 1).
-fn restart_backoff(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    (RESTART_BACKOFF * 2u32.pow(doublings)).min(RESTART_BACKOFF_MAX)
 }
 
 #[cfg(test)]
@@ -668,13 +408,5 @@ mod tests {
         assert_eq!(ExitStatus::from_raw(status).code(), Some(0));
         replies.read_to_end(&mut said).unwrap();
         assert!(said.is_empty(), "no hello before start: {said:?}");
-    }
-
-    #[test]
-    fn restart_backoff_doubles_up_to_its_cap() {
-        assert_eq!(restart_backoff(1), Duration::from_millis(100));
-        assert_eq!(restart_backoff(2), Duration::from_millis(200));
-        assert_eq!(restart_backoff(5), Duration::from_millis(1600));
-        assert_eq!(restart_backoff(40), RESTART_BACKOFF_MAX);
     }
 }

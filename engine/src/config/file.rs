@@ -10,9 +10,8 @@
 //! what the engine and the server use.
 
 use std::collections::BTreeMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fmt;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use pyvisor_actors::checkpoint::{
@@ -30,8 +29,10 @@ mod cluster;
 mod limits;
 mod llm;
 mod memory;
+mod overrides;
 mod proactive;
 mod sandbox;
+mod search;
 mod server;
 pub use cluster::ClusterSettings;
 pub use limits::{LimitCeilings, LimitSettings};
@@ -41,11 +42,11 @@ pub use proactive::ProactiveSettings;
 pub use sandbox::SandboxSettings;
 pub use server::{ServerSettings, TokenSettings};
 
+use overrides::apply_overrides;
+use search::{find_file, parse_file};
+
 /// The variable that names a config file, second in the search order.
 const CONFIG_VAR: &str = "PYVISOR_CONFIG";
-
-/// Prefix of the override variables; the section and key follow, split by `__`.
-const OVERRIDE_PREFIX: &str = "PYVISOR_";
 
 /// Keys checked against each other: an error names the first, and is blamed on the second's
 /// origin when only the second was set.
@@ -234,29 +235,6 @@ impl LoadContext {
             system_file: PathBuf::from("/etc/pyvisor/config.toml"),
         }
     }
-
-    /// A variable's value, with an empty one taken as unset.
-    fn var(&self, name: &str) -> Option<&OsStr> {
-        self.vars
-            .get(name)
-            .map(OsString::as_os_str)
-            .filter(|value| !value.is_empty())
-    }
-
-    /// An absolute directory from a variable; XDG says relative ones are to be ignored.
-    fn dir_var(&self, name: &str) -> Option<PathBuf> {
-        self.var(name)
-            .map(PathBuf::from)
-            .filter(|dir| dir.is_absolute())
-    }
-
-    /// `$XDG_CONFIG_HOME/pyvisor/config.toml`, else `~/.config/pyvisor/config.toml`.
-    fn user_file(&self) -> Option<PathBuf> {
-        let base = self
-            .dir_var("XDG_CONFIG_HOME")
-            .or_else(|| self.var("HOME").map(|home| Path::new(home).join(".config")))?;
-        Some(base.join("pyvisor").join("config.toml"))
-    }
 }
 
 impl Settings {
@@ -418,66 +396,6 @@ fn default_table() -> Table {
     Table::try_from(Settings::default()).expect("the default settings are representable in TOML")
 }
 
-/// The file to read and its text: the explicit one, `$PYVISOR_CONFIG`, or the first of the
-/// search order that exists.
-fn find_file(
-    explicit: Option<&Path>,
-    ctx: &LoadContext,
-) -> Result<Option<(PathBuf, String)>, ConfigError> {
-    let named = match (explicit, ctx.var(CONFIG_VAR)) {
-        (Some(path), _) => Some((path, "--config")),
-        (None, Some(path)) => Some((Path::new(path), "$PYVISOR_CONFIG")),
-        (None, None) => None,
-    };
-    if let Some((path, named_by)) = named {
-        let path = ctx.cwd.join(path);
-        return match read_if_exists(&path)? {
-            Some(text) => Ok(Some((path, text))),
-            None => Err(ConfigError::Missing { path, named_by }),
-        };
-    }
-    let candidates = [
-        Some(ctx.cwd.join("pyvisor.toml")),
-        ctx.user_file(),
-        Some(ctx.system_file.clone()),
-    ];
-    for path in candidates.into_iter().flatten() {
-        if let Some(text) = read_if_exists(&path)? {
-            return Ok(Some((path, text)));
-        }
-    }
-    Ok(None)
-}
-
-/// A file's text, or `None` when it does not exist.
-fn read_if_exists(path: &Path) -> Result<Option<String>, ConfigError> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
-}
-
-/// Parses a file's TOML, with the line and column of a syntax error.
-fn parse_file(path: &Path, text: &str) -> Result<Table, ConfigError> {
-    text.parse::<Table>().map_err(|err| {
-        let message = err.message().trim_end().to_owned();
-        let location = err.span().map(|span| {
-            let before = &text[..span.start.min(text.len())];
-            let line = before.matches('\n').count() + 1;
-            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-            format!("line {line}, column {column}: ")
-        });
-        ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: format!("{}{message}", location.unwrap_or_default()),
-        }
-    })
-}
-
 /// Tables that are absent by default (`None`), so the defaults do not name them: serde
 /// checks their keys.
 const OPTIONAL_TABLES: &[(&str, &str)] =
@@ -511,95 +429,6 @@ fn check_keys(table: &Table, schema: &Table, origin: &Origin) -> Result<(), Conf
         }
     }
     Ok(())
-}
-
-/// Writes the `PYVISOR_<SECTION>__<KEY>` variables into `table`, each parsed as the type of
-/// its key's default, and returns their names.
-fn apply_overrides(
-    table: &mut Table,
-    schema: &Table,
-    ctx: &LoadContext,
-    origins: &mut BTreeMap<String, Origin>,
-) -> Result<Vec<String>, ConfigError> {
-    let mut applied = Vec::new();
-    for (var, raw) in &ctx.vars {
-        // PYVISOR_LOG, PYVISOR_CONFIG and the like have no `__`: they are not overrides.
-        let Some((section, key)) = var
-            .strip_prefix(OVERRIDE_PREFIX)
-            .and_then(|rest| rest.split_once("__"))
-        else {
-            continue;
-        };
-        let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
-        let name = format!("{section}.{key}");
-        let origin = Origin::Env(var.clone());
-        let Some(default) = schema
-            .get(&section)
-            .and_then(Value::as_table)
-            .and_then(|keys| keys.get(&key))
-        else {
-            return Err(ConfigError::UnknownKey { origin, key: name });
-        };
-        let value = raw
-            .to_str()
-            .ok_or_else(|| "not valid UTF-8".to_owned())
-            .and_then(|raw| parse_like(default, raw));
-        let value = match value {
-            Ok(value) => value,
-            Err(message) => {
-                return Err(ConfigError::Invalid {
-                    origin,
-                    key: name,
-                    message,
-                })
-            }
-        };
-        // check_keys has made sure an existing section is a table.
-        if let Some(keys) = table
-            .entry(section)
-            .or_insert_with(|| Value::Table(Table::new()))
-            .as_table_mut()
-        {
-            keys.insert(key, value);
-        }
-        origins.insert(name, origin);
-        applied.push(var.clone());
-    }
-    Ok(applied)
-}
-
-/// Parses an environment value as the type of `default`: lists are comma-separated, booleans
-/// `true`/`false`/`1`/`0`.
-fn parse_like(default: &Value, raw: &str) -> Result<Value, String> {
-    let trimmed = raw.trim();
-    match default {
-        Value::String(_) => Ok(Value::String(raw.to_owned())),
-        Value::Integer(_) => trimmed
-            .parse()
-            .map(Value::Integer)
-            .map_err(|_| format!("expected an integer, got `{raw}`")),
-        Value::Float(_) => trimmed
-            .parse()
-            .map(Value::Float)
-            .map_err(|_| format!("expected a number, got `{raw}`")),
-        Value::Boolean(_) => match trimmed.to_ascii_lowercase().as_str() {
-            "true" | "1" => Ok(Value::Boolean(true)),
-            "false" | "0" => Ok(Value::Boolean(false)),
-            _ => Err(format!("expected true, false, 1 or 0, got `{raw}`")),
-        },
-        Value::Array(_) => Ok(Value::Array(
-            trimmed
-                .split(',')
-                .map(str::trim)
-                .filter(|item| !item.is_empty())
-                .map(|item| Value::String(item.to_owned()))
-                .collect(),
-        )),
-        Value::Datetime(_) | Value::Table(_) => Err(format!(
-            "a {} cannot be set from the environment",
-            default.type_str()
-        )),
-    }
 }
 
 /// Deserializes the merged table; a type error names its key and where the value came from.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::*;
+use crate::checkpoint::layout::{TEMP_PREFIX, TEMP_SUFFIX};
 use crate::checkpoint::COMPRESSION_THRESHOLD;
 
 #[test]

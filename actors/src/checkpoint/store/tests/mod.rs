@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use super::*;
-use crate::checkpoint::LostName;
+use crate::checkpoint::blobs::BLOBS_DIR;
+use crate::checkpoint::{CheckpointMeta, GroupSource, LostName, NewGroup};
 
 mod blobs;
 mod corruption;
