@@ -174,6 +174,7 @@ impl PredictorActor {
         let predictions = followed
             .model
             .predict(self.table, &self.learned, PREDICTIONS);
+        let ranked = predictions.iter().map(|p| p.normal.clone()).collect();
         let predictions = untried(predictions, &followed.tried);
         if predictions.is_empty() {
             return;
@@ -222,6 +223,7 @@ impl PredictorActor {
         let request = Speculate {
             snippets,
             cpu_ms: grant.ceil() as u64,
+            ranked,
         };
         let session_id = session_id.clone();
         ctx.spawn(

@@ -7,7 +7,7 @@
 //! until they come, nothing is served from the cache and nothing is speculated on. A restore,
 //! a crash or a close drops the session's answers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -127,22 +127,35 @@ impl Proactive {
         self.stored.insert(normal, key);
     }
 
-    /// How many more answers the cache keeps for this session, once the answers that went
-    /// stale are dropped from it. A speculation sends no more snippets than that: beyond it
-    /// the cache would evict the answers stored first, which are the likeliest.
-    pub(super) fn room(&mut self, session_id: &Arc<str>) -> usize {
+    /// Makes room in the cache for up to `wanted` new answers and says for how many there
+    /// is: the answers that went stale go, then, as far as needed, those that are not among
+    /// the predictions `ranked` now. A speculation sends no more snippets than that: beyond
+    /// it the cache would evict the answers stored first, which are the likeliest.
+    pub(super) fn make_room(
+        &mut self,
+        session_id: &str,
+        wanted: usize,
+        ranked: &HashSet<String>,
+    ) -> usize {
         let versions = &self.versions;
-        let stale: Vec<String> = (self.stored.iter())
+        let mut gone: Vec<String> = (self.stored.iter())
             .filter(|(_, key)| !versions.holds(key))
             .map(|(normal, _)| normal.clone())
             .collect();
-        if !stale.is_empty() {
-            for normal in &stale {
+        let short = (self.stored.len() - gone.len() + wanted).saturating_sub(self.setup.kept);
+        let unranked = (self.stored.keys())
+            .filter(|normal| !ranked.contains(*normal) && !gone.contains(normal))
+            .take(short)
+            .cloned()
+            .collect::<Vec<_>>();
+        gone.extend(unranked);
+        if !gone.is_empty() {
+            for normal in &gone {
                 self.stored.remove(normal);
             }
             self.setup.cache.do_send(Discard {
-                session_id: session_id.clone(),
-                normals: stale,
+                session_id: session_id.into(),
+                normals: gone,
             });
         }
         self.setup.kept.saturating_sub(self.stored.len())

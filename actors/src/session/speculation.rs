@@ -3,6 +3,7 @@
 //! names they read when it was sent, kept in the cache, and handed to a request that waits
 //! for them.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -22,6 +23,9 @@ pub struct Speculate {
     pub snippets: Vec<PlannedSnippet>,
     /// CPU milliseconds the child may use before the worker kills it.
     pub cpu_ms: u64,
+    /// Normal forms of everything the predictor ranks likely now, planned or not: stored
+    /// answers outside it give way when the cache has no room for the snippets.
+    pub ranked: HashSet<String>,
 }
 
 /// One snippet of a [`Speculate`].
@@ -215,14 +219,14 @@ impl Handler<Speculate> for SessionActor {
         if !idle || behind || !able || proactive.flight.is_some() || self.draining.is_some() {
             return false;
         }
-        let room = proactive.room(&self.session_id.as_str().into());
         let stored = &proactive.stored;
-        let snippets: Vec<PlannedSnippet> = msg
+        let fresh: Vec<PlannedSnippet> = msg
             .snippets
             .into_iter()
             .filter(|s| !stored.contains_key(&s.normal))
-            .take(room)
             .collect();
+        let room = proactive.make_room(&self.session_id, fresh.len(), &msg.ranked);
+        let snippets: Vec<PlannedSnippet> = fresh.into_iter().take(room).collect();
         if snippets.is_empty() {
             return false;
         }

@@ -145,7 +145,7 @@ async fn hinted_code_is_answered_from_speculation() {
 }
 
 #[tokio::test]
-async fn a_session_never_speculates_more_than_the_cache_keeps_for_it() {
+async fn a_session_speculates_no_more_than_the_cache_keeps_for_it() {
     let engine = engine().await;
     let session = engine.create_session(Default::default()).await.unwrap();
     ok(&session, "xs = list(range(100))").await;
@@ -172,6 +172,12 @@ async fn a_session_never_speculates_more_than_the_cache_keeps_for_it() {
     for normal in &ahead {
         let answer = ok(&session, normal).await;
         assert!(answer.from_cache, "{normal} ran for real");
+    }
+    // New hints replace the old: answers nothing predicts any more give way to them.
+    let newer = ["xs[97] * 5", "xs[98] * 5", "xs[99] * 5"];
+    computed_ahead(&session, &newer).await;
+    for code in newer {
+        assert!(ok(&session, code).await.from_cache, "{code} ran for real");
     }
 }
 
