@@ -38,7 +38,8 @@ const MAX_FACT_LITERAL_BYTES: usize = 160;
 #[derive(Clone)]
 pub struct ProactiveSetup {
     pub cache: Addr<CacheActor>,
-    /// Answers the cache keeps for one session ([`CacheLimits::per_session`]).
+    /// Answers the cache keeps for one session
+    /// ([`CacheLimits::per_session`](crate::proactive::cache::CacheLimits::per_session)).
     pub kept: usize,
     pub counters: Arc<ProactiveCounters>,
 }
