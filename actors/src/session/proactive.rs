@@ -144,12 +144,11 @@ impl Proactive {
             .map(|(normal, _)| normal.clone())
             .collect();
         let short = (self.stored.len() - gone.len() + wanted).saturating_sub(self.setup.kept);
-        let unranked = (self.stored.keys())
-            .filter(|normal| !ranked.contains(*normal) && !gone.contains(normal))
+        let unranked = (self.stored.iter())
+            .filter(|(normal, key)| versions.holds(key) && !ranked.contains(*normal))
             .take(short)
-            .cloned()
-            .collect::<Vec<_>>();
-        gone.extend(unranked);
+            .map(|(normal, _)| normal.clone());
+        gone.extend(unranked.collect::<Vec<_>>());
         if !gone.is_empty() {
             for normal in &gone {
                 self.stored.remove(normal);

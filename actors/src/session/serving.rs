@@ -16,6 +16,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use pyvisor_protocol::HostMessage;
 
+use super::proactive::Proactive;
 use super::{host_error, SessionActor, State};
 use crate::execution::{DisplayData, ExecutionStatus, OutputStream};
 use crate::proactive::cache::{CacheEntry, Take};
@@ -38,45 +39,44 @@ pub(crate) enum ServePath {
     },
 }
 
+impl Proactive {
+    /// How a request for `normal` will be answered, and why (for the debug log).
+    fn path_for(&self, normal: String) -> (ServePath, &'static str) {
+        if let Some(flight) = self.flight.as_ref().filter(|f| !f.stale) {
+            if let Some(index) = flight.snippets.iter().position(|s| s.normal == normal) {
+                match &flight.ready[index] {
+                    Some(entry) if self.versions.holds(&entry.key) => {
+                        let path = ServePath::Adopting {
+                            entry: entry.clone(),
+                            joined: false,
+                        };
+                        return (path, "computed by the running speculation");
+                    }
+                    None if !flight.answered[index] => {
+                        return (ServePath::Joining { index }, "being speculated");
+                    }
+                    _ => {}
+                }
+            }
+        }
+        match self.stored.get(&normal) {
+            Some(key) if self.versions.holds(key) => (ServePath::Taking { normal }, "cached"),
+            Some(_) => (ServePath::Real, "cached, but what it read changed since"),
+            None => (ServePath::Real, "never speculated"),
+        }
+    }
+}
+
 impl SessionActor {
     /// How the execution of `code` will be answered.
-    pub(super) fn serve_path(&mut self, code: &str, cache: bool) -> ServePath {
-        let Some(proactive) = self.proactive.as_mut().filter(|_| cache) else {
+    pub(super) fn serve_path(&self, code: &str, cache: bool) -> ServePath {
+        let Some(proactive) = self.proactive.as_ref().filter(|_| cache) else {
             return ServePath::Real;
         };
         let Some(normal) = normalise(code).filter(|_| proactive.awaited.is_none()) else {
             return ServePath::Real;
         };
-        let (path, why) = 'chosen: {
-            if let Some(flight) = proactive.flight.as_ref().filter(|f| !f.stale) {
-                if let Some(index) = flight.snippets.iter().position(|s| s.normal == normal) {
-                    match &flight.ready[index] {
-                        Some(entry) if proactive.versions.holds(&entry.key) => {
-                            let entry = entry.clone();
-                            let path = ServePath::Adopting {
-                                entry,
-                                joined: false,
-                            };
-                            break 'chosen (path, "computed by the running speculation");
-                        }
-                        None if !flight.answered[index] => {
-                            break 'chosen (ServePath::Joining { index }, "being speculated");
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            match proactive.stored.get(&normal) {
-                Some(key) if proactive.versions.holds(key) => (
-                    ServePath::Taking {
-                        normal: normal.clone(),
-                    },
-                    "cached",
-                ),
-                Some(_) => (ServePath::Real, "cached, but what it read changed since"),
-                None => (ServePath::Real, "never speculated"),
-            }
-        };
+        let (path, why) = proactive.path_for(normal.clone());
         tracing::debug!(session = %self.session_id, code = %normal, why, "request");
         path
     }

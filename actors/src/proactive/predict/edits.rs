@@ -9,9 +9,9 @@
 //! session's. Besides the members a later cell used in another's place, members are *alike*
 //! when the corpus wrote both in the same surroundings in several places (`$0.$c0.max()` and
 //! `$0.$c0.median()`, `$0[$c0].max()` and `$0[$c0].median()`), whether or not one session
-//! swapped them: `df.SALARY.max()` then `df.SALARY.median()`. Values that are data of the session (column labels, index labels, column
-//! values) are never counted. Part of the history source, each way of editing with its own
-//! learned rate.
+//! swapped them: `df.SALARY.max()` then `df.SALARY.median()`. Values that are data of the
+//! session (column labels, index labels, column values) are never counted. Part of the
+//! history source, each way of editing with its own learned rate.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
