@@ -488,6 +488,35 @@ async fn a_crashing_or_runaway_child_leaves_the_worker_serving() {
     assert_eq!(ok(&mut worker, "x").await.result.unwrap().repr, "[1]");
 }
 
+#[tokio::test]
+async fn a_child_that_forges_lines_on_its_outcome_pipe_still_ends() {
+    let mut worker = start().await;
+    // Session code a snippet runs (a repr) finds the child's outcome pipe and writes a failure
+    // that is not text, one far too long, and a line that is not a record, then exits.
+    let forge = "import os, stat\n\
+                 def forge():\n    \
+                 lines = b'[null, {\"not\": \"text\"}]\\n[null, \"' + b'x' * 100000 + b'\"]\\n7\\n'\n    \
+                 for fd in range(3, 256):\n        \
+                 try:\n            \
+                 if stat.S_ISFIFO(os.fstat(fd).st_mode):\n                \
+                 os.write(fd, lines)\n        \
+                 except OSError:\n            \
+                 pass\n    \
+                 os._exit(3)\n\
+                 class Evil:\n    \
+                 def __repr__(self):\n        \
+                 forge()\n\
+                 evil = [Evil()]\n\
+                 x = [1]";
+    ok(&mut worker, forge).await;
+    let forged = speculate(&mut worker, &["evil[0]"], 30_000).await;
+    let ending = forged.ending.clone().expect("the speculation ended");
+    assert!(ending.starts_with("crashed: "), "{ending} {forged:?}");
+    assert!(ending.len() < 300, "{} bytes", ending.len());
+    assert!(forged.outcomes.is_empty(), "{forged:?}");
+    assert_eq!(ok(&mut worker, "x").await.result.unwrap().repr, "[1]");
+}
+
 /// Page faults the worker takes while adding up 200,000 floats (each addition writes the
 /// reference count of one, over some 1,200 pages).
 const TOUCH_FLOATS: &str = "before = faults()\ntotal = sum(floats)\nprint(faults() - before)";

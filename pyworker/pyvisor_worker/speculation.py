@@ -46,6 +46,7 @@ _waiting_cancels = {}  # ids of queued speculations cancelled before they starte
 _MAX_WAITING_CANCELS = 64
 
 _CPU_SIGNALS = (signal.SIGPROF, signal.SIGXCPU)
+_FAILURE_CHARS = 200  # of what a child says went wrong in its own code, kept for the host
 
 
 class _Child:
@@ -138,12 +139,13 @@ def _collect(child, read_fd):
         for line in pipe:  # until the child exits
             if not line.endswith(b"\n"):  # cut short by its death
                 break
-            try:
+            try:  # the child runs session code, which can write to this pipe too
                 index, outcome = protocol.decode(line.decode("utf-8"))
-            except ValueError:
+            except (ValueError, TypeError):
                 break
             if index is None:
-                failure = outcome
+                if isinstance(outcome, str):
+                    failure = outcome[:_FAILURE_CHARS]
                 continue
             protocol.send({"type": "speculated", "id": child.id, "index": index,
                            "outcome": outcome})
