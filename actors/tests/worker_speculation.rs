@@ -368,8 +368,8 @@ async fn the_guard_refuses_each_impure_form() {
     let mut worker = start().await;
     ok(
         &mut worker,
-        "import datetime, random, time\nimport numpy as np\nimport pandas as pd\n\
-         df = pd.DataFrame({'a': [1]})\nx = [1]\ndef f(v):\n    return v",
+        "import datetime, os, random, time\nimport numpy as np\nimport pandas as pd\n\
+         from os import remove\ndf = pd.DataFrame({'a': [1]})\nx = [1]\ndef f(v):\n    return v",
     )
     .await;
     let table = [
@@ -391,6 +391,11 @@ async fn the_guard_refuses_each_impure_form() {
         ("f(1)", "calls the session's code"),
         ("df.loc[0, 'a'] = 5", "assigns"),
         ("(z := 1)", "assigns"),
+        // Handed on rather than called: what it is handed to calls it.
+        ("df['a'].map(os.write)", "uses the system"),
+        ("list(map(remove, x))", "uses the system"),
+        ("df['a'].map(time.sleep)", "reads the clock"),
+        ("list(map(eval, ['1']))", "runs dynamic code"),
     ];
     let snippets: Vec<&str> = table.iter().map(|(snippet, _)| *snippet).collect();
     let speculation = speculate(&mut worker, &snippets, 30_000).await;

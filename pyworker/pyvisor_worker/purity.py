@@ -17,6 +17,8 @@ that run raises NameError, and an error is never served. The tables:
   (``os.getcwd()``, ``time.time()``, ``from time import time``), or a method of an object of
   such a module (``ax.set_title()`` on a matplotlib Axes);
 - open() with a mode that writes;
+- a callable that any of the above would refuse to call, handed on rather than called
+  (``df.path.map(os.remove)``, ``map(eval, xs)``): whatever it is handed to calls it;
 - values read whose use may run or change hidden state: the session's own functions, classes
   and instances of its classes (their code may change anything), iterators and generators
   (reading consumes them), open files, and random generators.
@@ -106,20 +108,30 @@ def check(code, namespace, tree=None):
 
 def check_node(tree, namespace):
     """None when nothing in the AST `tree` is impure, else why it is not."""
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     for node in ast.walk(tree):
         reason = _STATEMENT_REASONS.get(type(node))
         if reason is None:
-            reason = _node_reason(node, namespace)
+            reason = _node_reason(node, namespace, called)
         if reason is not None:
             return reason
     return None
 
 
-def _node_reason(node, namespace):
+def _node_reason(node, namespace, called):
+    """Why `node` is not pure, if it is not; `called` holds the ids of the nodes called."""
     if isinstance(node, (ast.Attribute, ast.Subscript)) and not isinstance(node.ctx, ast.Load):
         return "assigns"
     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-        return _value_reason(namespace.get(node.id, _UNBOUND))
+        value = namespace.get(node.id, _UNBOUND)
+        reason = _value_reason(value)
+        if reason is None and id(node) not in called:
+            reason = _handed_reason(node.id, [], value)
+        return reason
+    if isinstance(node, ast.Attribute) and id(node) not in called:
+        chain, root = _attribute_chain(node)
+        if root is not None:
+            return _handed_reason(root, chain, namespace.get(root, _UNBOUND))
     if isinstance(node, ast.keyword) and node.arg == "inplace":
         if not (isinstance(node.value, ast.Constant) and node.value.value is False):
             return "changes an object in place"
@@ -152,6 +164,15 @@ def _call_reason(call, namespace):
             return _open_reason(call)
         return _BUILTIN_REASONS.get(root)
     return _module_reason(_resolve(value, chain))
+
+
+def _handed_reason(root, chain, value):
+    """Why handing on ``root.<chain>`` uncalled is not pure: it is a builtin or a function of a
+    module that a call of it would be refused for."""
+    if value is _UNBOUND and not chain:
+        return _BUILTIN_REASONS.get(root)
+    reached = _resolve(value, chain)
+    return _module_reason(reached) if isinstance(reached, _DEFINED) else None
 
 
 def _attribute_chain(func):
