@@ -1,4 +1,4 @@
-//! The last cell edited: one of its calls with an argument dropped, or with a keyword that
+//! The last few cells edited: one of their calls with an argument dropped, or with a keyword that
 //! sessions pass to that callee added or given another value (`df.sort_values('a')` then
 //! `df.sort_values('a', ascending=False)`), or one of its members swapped for one that
 //! sessions use in its place (`s.isnull().sum()` then `s.notnull().sum()`).
@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use super::history::{GuessKind, HistoryGuess};
-use super::model::SessionModel;
+use super::model::{Observed, SessionModel};
 use super::normal::{render, single_expression};
 use super::syntax::{is_keyword, statements};
 use super::template::{abstract_tokens, Scope};
@@ -33,6 +33,8 @@ const KEPT: usize = 8;
 const MIN_REPOSITORIES: usize = 2;
 /// How many cells back a member swapped for another is looked for when counting.
 const WINDOW: usize = 5;
+/// How many of the last cells are edited.
+const EDITED_CELLS: usize = 3;
 /// Alike members tried per member, beyond the siblings.
 const ALIKE: usize = 4;
 /// Surroundings two members must share to be alike.
@@ -302,68 +304,80 @@ fn swapped_member(before: &[Token], after: &[Token], scope: &Scope) -> Option<(S
 }
 
 impl SessionModel {
-    /// The last cell, a single expression that ran, with one argument or one member edited.
+    /// The last few cells that were single expressions and ran, each with one argument or
+    /// one member edited.
     pub(super) fn edited_guesses(&self, edits: &Edits) -> Vec<HistoryGuess> {
-        let Some(last) = self.history.back().filter(|l| l.single && l.ok) else {
-            return Vec::new();
-        };
-        let Some(tokens) = tokenize(&last.code) else {
-            return Vec::new();
-        };
         let scope = self.scope();
-        let mut edited: Vec<(Vec<Token>, GuessKind)> = Vec::new();
-        for call in calls(&tokens) {
-            for arg in 0..call.args.len() {
-                edited.push((drop_argument(&tokens, &call, arg), GuessKind::Argument));
-            }
-            let learned = edits.keywords.get(&call.callee).into_iter().flatten();
-            for (keyword, _) in learned.take(KEYWORDS) {
-                if let Some(t) = with_keyword(&tokens, &call, keyword) {
-                    edited.push((t, GuessKind::Argument));
-                }
-            }
-        }
-        for (at, member) in members(&tokens, &scope) {
-            let swap = |other: &str| {
-                let mut t = tokens.clone();
-                t[at].text = other.to_string();
-                t
-            };
-            let siblings: Vec<&str> = (edits.siblings.get(member).into_iter().flatten())
-                .take(SIBLINGS)
-                .map(|(s, _)| s.as_str())
-                .collect();
-            for sibling in &siblings {
-                edited.push((swap(sibling), GuessKind::Swapped));
-            }
-            let alike = edits.alike.get(member).into_iter().flatten();
-            for (other, _) in alike
-                .filter(|(o, _)| !siblings.contains(&o.as_str()))
-                .take(ALIKE)
-            {
-                edited.push((swap(other), GuessKind::Alike));
-            }
-        }
         let mut out: Vec<HistoryGuess> = Vec::new();
-        for (tokens, kind) in edited {
-            let code = render(&tokens);
-            if !single_expression(&tokens)
-                || last.normal.as_ref() == Some(&code)
-                || out.iter().any(|g| g.code == code)
-            {
-                continue;
+        let recent = self
+            .history
+            .iter()
+            .rev()
+            .enumerate()
+            .filter(|(_, past)| past.single && past.ok)
+            .take(EDITED_CELLS);
+        for (age, past) in recent {
+            for (tokens, kind) in edited(past, edits, &scope) {
+                let code = render(&tokens);
+                if !single_expression(&tokens)
+                    || past.normal.as_ref() == Some(&code)
+                    || out.iter().any(|g| g.code == code)
+                {
+                    continue;
+                }
+                let template = abstract_tokens(&tokens, &scope);
+                out.push(HistoryGuess {
+                    code,
+                    cost_ms: self.default_cost(&template.vars),
+                    template: template.key,
+                    kind,
+                    age,
+                });
             }
-            let template = abstract_tokens(&tokens, &scope);
-            out.push(HistoryGuess {
-                code,
-                cost_ms: self.default_cost(&template.vars),
-                template: template.key,
-                kind,
-                age: 0,
-            });
         }
         out
     }
+}
+
+/// The cell `past` with one argument or one member edited, each with the way it was edited.
+fn edited(past: &Observed, edits: &Edits, scope: &Scope) -> Vec<(Vec<Token>, GuessKind)> {
+    let Some(tokens) = tokenize(&past.code) else {
+        return Vec::new();
+    };
+    let mut edited: Vec<(Vec<Token>, GuessKind)> = Vec::new();
+    for call in calls(&tokens) {
+        for arg in 0..call.args.len() {
+            edited.push((drop_argument(&tokens, &call, arg), GuessKind::Argument));
+        }
+        let learned = edits.keywords.get(&call.callee).into_iter().flatten();
+        for (keyword, _) in learned.take(KEYWORDS) {
+            if let Some(t) = with_keyword(&tokens, &call, keyword) {
+                edited.push((t, GuessKind::Argument));
+            }
+        }
+    }
+    for (at, member) in members(&tokens, scope) {
+        let swap = |other: &str| {
+            let mut t = tokens.clone();
+            t[at].text = other.to_string();
+            t
+        };
+        let siblings: Vec<&str> = (edits.siblings.get(member).into_iter().flatten())
+            .take(SIBLINGS)
+            .map(|(s, _)| s.as_str())
+            .collect();
+        for sibling in &siblings {
+            edited.push((swap(sibling), GuessKind::Swapped));
+        }
+        let alike = edits.alike.get(member).into_iter().flatten();
+        for (other, _) in alike
+            .filter(|(o, _)| !siblings.contains(&o.as_str()))
+            .take(ALIKE)
+        {
+            edited.push((swap(other), GuessKind::Alike));
+        }
+    }
+    edited
 }
 
 /// `tokens` without the `arg`-th argument of `call` (and the comma that went with it).
@@ -532,6 +546,19 @@ mod tests {
         assert!(!edits.alike.contains_key("shape"));
         // Without repository c, `$0[$c0].median()` is gone and one surrounding is left.
         assert!(counts.build(Some("c")).alike.is_empty());
+    }
+
+    #[test]
+    fn the_cells_before_the_last_are_edited_too() {
+        let mut model = after("df.isnull().head()", true);
+        model.observe("df.shape", &CellFacts::default(), true);
+        let swapped: Vec<HistoryGuess> = model
+            .edited_guesses(&vocabulary())
+            .into_iter()
+            .filter(|g| g.kind == GuessKind::Swapped)
+            .collect();
+        assert_eq!(swapped[0].code, "df.notnull().head()");
+        assert_eq!(swapped[0].age, 1);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The session's own history as a source of guesses: what it ran on one object, run on a
 //! newer object of the same kind (`df.shape` after `df2 = ...` gives `df2.shape`), an
 //! earlier inspection run again once what it reads has changed (`df.head()` after
-//! `df['b'] = ...`), and the last cell varied (`varied.rs`) or edited (`edits.rs`).
+//! `df['b'] = ...`), and the last few cells varied (`varied.rs`) or edited (`edits.rs`).
 
 use super::candidates::Pool;
 use super::edits::Edits;
@@ -71,11 +71,11 @@ pub enum GuessKind {
     OtherObject,
     /// A recent cell with other literals of the data (`varied.rs`).
     OtherLiteral,
-    /// The last cell with an argument dropped, added or changed (`edits.rs`).
+    /// A recent cell with an argument dropped, added or changed (`edits.rs`).
     Argument,
-    /// The last cell with a member swapped for a learned sibling (`edits.rs`).
+    /// A recent cell with a member swapped for a learned sibling (`edits.rs`).
     Swapped,
-    /// The last cell with a member swapped for one written in the same surroundings
+    /// A recent cell with a member swapped for one written in the same surroundings
     /// (`edits.rs`).
     Alike,
 }
@@ -95,7 +95,7 @@ impl SessionModel {
         }
     }
 
-    /// The guesses of the history source, the last cell edited with the vocabulary `edits`.
+    /// The guesses of the history source, the last cells edited with the vocabulary `edits`.
     pub(super) fn history_guesses(&self, edits: &Edits) -> Vec<HistoryGuess> {
         let mut out: Vec<HistoryGuess> = Vec::new();
         for (age, past) in self.history.iter().rev().take(LOOK_BACK).enumerate() {

@@ -15,6 +15,9 @@ use super::tokens::tokenize;
 
 /// How many past cells a session keeps.
 const HISTORY: usize = 32;
+/// A cell naming more columns than this selects or renames them rather than inspecting
+/// each: they do not count as used when guessing which column comes next.
+const INSPECTED_COLUMNS: usize = 2;
 
 /// One cell the session ran.
 #[derive(Debug, Clone)]
@@ -124,7 +127,12 @@ impl SessionModel {
                 self.bump(name);
             }
         }
-        for column in template.cols.iter().rev() {
+        let inspected = if template.cols.len() <= INSPECTED_COLUMNS {
+            template.cols.as_slice()
+        } else {
+            &[]
+        };
+        for column in inspected.iter().rev() {
             self.used_columns.retain(|c| c != column);
             self.used_columns.insert(0, column.clone());
         }

@@ -12,9 +12,9 @@ use super::normal::render;
 use super::template::{instantiate_tokens, Filling};
 
 /// How many of the last cells are varied.
-const LAST_CELLS: usize = 1;
+const LAST_CELLS: usize = 3;
 /// Columns tried for one column slot, and objects for one variable.
-const COLUMNS: usize = 2;
+const COLUMNS: usize = 3;
 const OBJECTS: usize = 3;
 /// Other fillings of a cell's literal slots tried.
 const LITERALS: usize = 3;
@@ -68,8 +68,8 @@ impl SessionModel {
             .collect()
     }
 
-    /// `past` with one of its columns replaced by another of the same class (type and
-    /// cardinality) in its frame, in the order the session is likely to go through them.
+    /// `past` with one of its columns replaced by another of the same cardinality in its frame,
+    /// in the order the session is likely to go through them.
     fn other_columns(&self, past: &Observed, age: usize) -> Vec<HistoryGuess> {
         let mut out = Vec::new();
         let Some(owner) = past.template.vars.first() else {
@@ -90,11 +90,12 @@ impl SessionModel {
             let Some(class) = class_of(label) else {
                 continue;
             };
+            let cardinality = |class: &str| class.rsplit('-').next().map(str::to_owned);
             let choices = self
                 .ranked_columns(owner)
                 .into_iter()
                 .filter(|c| !past.template.cols.contains(&c.name))
-                .filter(|c| column_class(c, rows) == class)
+                .filter(|c| cardinality(&column_class(c, rows)) == cardinality(&class))
                 .take(COLUMNS);
             for column in choices {
                 let mut cols = past.template.cols.clone();
@@ -171,8 +172,12 @@ mod tests {
             vec![frame("cars")],
         );
         let columns = guesses(&model, GuessKind::OtherColumn);
-        // `doors` and `price` are numbers: not what a count of categories moves on to.
-        assert_eq!(columns, ["cars['maint'].nunique()"]);
+        // `doors` is a number with few values, like a category; `price` has hundreds: not
+        // what a count of categories moves on to.
+        assert_eq!(
+            columns,
+            ["cars['maint'].nunique()", "cars['doors'].nunique()"]
+        );
     }
 
     #[test]
@@ -184,5 +189,43 @@ mod tests {
         run(&mut model, "len(a)", &[], vec![frame("a")]);
         let objects = guesses(&model, GuessKind::OtherObject);
         assert_eq!(objects, ["len(b)"]);
+    }
+
+    #[test]
+    fn columns_selected_together_are_still_to_be_inspected() {
+        let mut model = SessionModel::new();
+        run(&mut model, "cars = load()", &["cars"], vec![frame("cars")]);
+        run(
+            &mut model,
+            "cars[['buying', 'maint', 'doors']].head()",
+            &[],
+            vec![frame("cars")],
+        );
+        run(
+            &mut model,
+            "cars['buying'].nunique()",
+            &[],
+            vec![frame("cars")],
+        );
+        let columns = guesses(&model, GuessKind::OtherColumn);
+        assert_eq!(columns[0], "cars['maint'].nunique()", "{columns:?}");
+    }
+
+    #[test]
+    fn an_inspection_two_cells_back_moves_on_too() {
+        let mut model = SessionModel::new();
+        run(&mut model, "cars = load()", &["cars"], vec![frame("cars")]);
+        run(
+            &mut model,
+            "cars['buying'].nunique()",
+            &[],
+            vec![frame("cars")],
+        );
+        run(&mut model, "cars.shape", &[], vec![frame("cars")]);
+        let columns = guesses(&model, GuessKind::OtherColumn);
+        assert!(
+            columns.contains(&"cars['maint'].nunique()".to_string()),
+            "{columns:?}"
+        );
     }
 }
