@@ -1,5 +1,6 @@
-//! The literals of the session's data that a cell's facts carry for the predictor, with real
-//! Python: the first labels of an index and the frequent values of a text column, and their
+//! What a cell's facts tell the predictor of the session's data, with real Python: pandas
+//! objects other than frames by their kind (an index with its length), and the literals of the
+//! data: the first labels of an index and the frequent values of a text column, and their
 //! bounds on huge or hostile data (a million distinct strings, an index of tuples, values that
 //! cannot be hashed, values whose every method raises).
 //!
@@ -71,6 +72,25 @@ async fn facts_carry_index_labels_and_frequent_values_of_text_columns() {
         "a RangeIndex has no labels to tell"
     );
     assert_eq!(values(plain, "sex"), ["M", "F", "X"]);
+}
+
+#[tokio::test]
+async fn an_index_and_a_groupby_are_told_by_their_kind() {
+    let mut worker = start().await;
+    ok(&mut worker, "import pandas as pd").await;
+    let told = facts(
+        &mut worker,
+        "df = pd.DataFrame({'team': ['a', 'b', 'a'], 'pay': [1, 2, 3]})\n\
+         names = df.columns[:-1]\n\
+         by_team = df.groupby('team')",
+    )
+    .await;
+    let names = object(&told, "names");
+    assert_eq!((names.kind.as_str(), names.len), ("Index", Some(1)));
+    let by_team = object(&told, "by_team");
+    assert_eq!(by_team.kind, "DataFrameGroupBy");
+    assert_eq!(by_team.len, None, "counting groups would group");
+    assert!(by_team.columns.is_empty());
 }
 
 #[tokio::test]

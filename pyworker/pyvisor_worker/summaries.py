@@ -2,7 +2,8 @@
 
 ``summary(name, value)`` describes pandas DataFrames and Series, numpy arrays, lists, tuples,
 dicts and sets (None for other values): {"name", "kind" (the type's own name), "module" (its
-top-level module), "len", "shape", "columns", "index"}. A frame lists its first MAX_COLUMNS
+top-level module), "len", "shape", "columns", "index"}. Other pandas objects are described by
+kind only, an Index with its length too (never the length of a GroupBy: it would group). A frame lists its first MAX_COLUMNS
 columns, a Series itself as one column: {"name" (str() of the label), "label_is_str", "dtype",
 "nulls", "distinct"}. On frames of more than SAMPLE_ABOVE rows both counts come from SAMPLE
 rows spread evenly over it: nulls scaled to the whole, distinct as found in the sample (an
@@ -57,10 +58,8 @@ def summary(name, value):
     cached = _cache.get(name)
     if cached is not None and cached[0] == fingerprint:
         return cached[1]
-    described = _pandas_summary(value)
-    if described is not None:
-        described = dict(name=name, kind=kind.__name__, module=module, **described)
-        _cache[name] = (fingerprint, described)
+    described = dict(name=name, kind=kind.__name__, module=module, **_pandas_summary(value))
+    _cache[name] = (fingerprint, described)
     return described
 
 
@@ -76,8 +75,10 @@ def _pandas_summary(value):
         frame, shape = value.iloc[:, :MAX_COLUMNS], list(value.shape)
     elif isinstance(value, pandas.Series):
         frame, shape = value.to_frame(_label(value.name)), [len(value)]
+    elif isinstance(value, pandas.Index):
+        return {"len": len(value), "shape": [len(value)]}
     else:
-        return None
+        return {}
     sample = _spread(frame, SAMPLE) if len(frame) > SAMPLE_ABOVE else frame
     columns = _columns(frame, sample, len(frame))
     described = {"len": len(value), "shape": shape, "index": _index_kind(value),
