@@ -18,6 +18,9 @@ const HISTORY: usize = 32;
 /// A cell naming more columns than this selects or renames them rather than inspecting
 /// each: they do not count as used when guessing which column comes next.
 const INSPECTED_COLUMNS: usize = 2;
+/// The rows of a large frame the worker counts a column's distinct values on
+/// (`summaries.py`'s SAMPLE).
+const SAMPLED_ROWS: u64 = 1000;
 
 /// One cell the session ran.
 #[derive(Debug, Clone)]
@@ -376,7 +379,9 @@ pub fn column_class(column: &ColumnSummary, rows: Option<u64>) -> String {
     } else {
         "obj"
     };
-    let low = column.distinct <= 30 || rows.is_some_and(|n| column.distinct * 20 <= n);
+    // The worker counts distinct values on at most SAMPLED_ROWS rows of a larger frame.
+    let counted_on = rows.map(|n| n.min(SAMPLED_ROWS));
+    let low = column.distinct <= 30 || counted_on.is_some_and(|n| column.distinct * 20 <= n);
     format!("{base}-{}", if low { "low" } else { "high" })
 }
 
