@@ -139,6 +139,33 @@ impl PredictorActor {
         runnable.is_some_and(|runnable| runnable.saturating_sub(1) > self.cpus)
     }
 
+    /// The session took the `planned` snippets (`sent` is `None` when it did not) and sent
+    /// `sent` of them to its worker. What it took is tried in this state (an answer that
+    /// still holds is not computed again, nor one the cache has no room for) and its outcome
+    /// awaited; what it did not take may be planned again.
+    fn sent(
+        &mut self,
+        session_id: &Arc<str>,
+        planned: Vec<(String, (Source, String))>,
+        sent: Option<Vec<String>>,
+    ) {
+        let Some(followed) = self.sessions.get_mut(session_id) else {
+            return;
+        };
+        let Some(sent) = sent else {
+            followed.speculating = false;
+            return;
+        };
+        followed.speculating = !sent.is_empty();
+        for (normal, (source, template)) in planned {
+            if sent.contains(&normal) {
+                self.counters.predicted(source.as_str());
+            }
+            followed.tried.insert(normal.clone());
+            followed.pending.insert(normal, (source, template));
+        }
+    }
+
     fn executed(&mut self, event: &crate::session::Executed) {
         let Some(followed) = self.sessions.get_mut(&event.session_id) else {
             return;
@@ -208,15 +235,13 @@ impl PredictorActor {
                 source: predictions[i].source.as_str(),
             })
             .collect();
-        for &i in &plan {
-            let prediction = &predictions[i];
-            followed.tried.insert(prediction.normal.clone());
-            followed.pending.insert(
-                prediction.normal.clone(),
-                (prediction.source, prediction.template.clone()),
-            );
-            self.counters.predicted(prediction.source.as_str());
-        }
+        let planned: Vec<(String, (Source, String))> = plan
+            .iter()
+            .map(|&i| {
+                let p = &predictions[i];
+                (p.normal.clone(), (p.source, p.template.clone()))
+            })
+            .collect();
         followed.speculating = true;
         followed.snippets_cpu_ms = 0.0;
         let addr = followed.addr.clone().expect("checked above");
@@ -229,13 +254,7 @@ impl PredictorActor {
         ctx.spawn(
             addr.send(request)
                 .into_actor(self)
-                .map(move |taken, act, _| {
-                    if !matches!(taken, Ok(true)) {
-                        if let Some(followed) = act.sessions.get_mut(&session_id) {
-                            followed.speculating = false;
-                        }
-                    }
-                }),
+                .map(move |sent, act, _| act.sent(&session_id, planned, sent.ok().flatten())),
         );
     }
 }

@@ -19,7 +19,7 @@ pub const CPU_SECONDS_TOTAL: &str = "pyvisor_proactive_cpu_seconds_total";
 /// The figures of `engine.stats` `proactive` (or one session's share of them).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProactiveStats {
-    /// Predictions scheduled for speculation.
+    /// Predictions sent to a worker to speculate (an answer already stored is not sent again).
     pub predictions: u64,
     /// Snippets run in speculative children.
     pub speculations: u64,

@@ -101,8 +101,12 @@ impl Proactive {
             .collect()
     }
 
-    /// Normal forms of the answers computed ahead that still hold.
+    /// Normal forms of the answers computed ahead that still hold: none while the facts of
+    /// the last real execution are awaited, when nothing is served.
     pub fn ahead(&self) -> Vec<String> {
+        if self.awaited.is_some() {
+            return Vec::new();
+        }
         let mut ahead: Vec<String> = self
             .stored
             .iter()

@@ -16,9 +16,11 @@ use crate::proactive::cache::{CacheEntry, Store};
 use crate::proactive::versions::Snapshot;
 
 /// Run predicted snippets in a fork of the session's worker, in order, while it is idle;
-/// replies whether the session took them (not when busy, or already speculating).
+/// replies `None` when it cannot take them now (busy, or already speculating), else the
+/// normal forms of those it sent to the worker: not those whose answer is stored, nor those
+/// the cache has no room for, nor any when its worker cannot speculate.
 #[derive(Message)]
-#[rtype(result = "bool")]
+#[rtype(result = "Option<Vec<String>>")]
 pub struct Speculate {
     pub snippets: Vec<PlannedSnippet>,
     /// CPU milliseconds the child may use before the worker kills it.
@@ -207,17 +209,19 @@ impl SessionActor {
 }
 
 impl Handler<Speculate> for SessionActor {
-    type Result = bool;
+    type Result = Option<Vec<String>>;
 
-    fn handle(&mut self, msg: Speculate, _: &mut Context<Self>) -> bool {
+    fn handle(&mut self, msg: Speculate, _: &mut Context<Self>) -> Option<Vec<String>> {
         let idle = matches!(self.state, State::Idle) && self.queue.is_empty();
         let (Some(proactive), Some(worker)) = (&mut self.proactive, &self.worker) else {
-            return false;
+            return None;
         };
+        if !worker.info.supports("speculate") {
+            return Some(Vec::new()); // nor will it ever
+        }
         let behind = proactive.awaited.is_some();
-        let able = worker.info.supports("speculate");
-        if !idle || behind || !able || proactive.flight.is_some() || self.draining.is_some() {
-            return false;
+        if !idle || behind || proactive.flight.is_some() || self.draining.is_some() {
+            return None;
         }
         let stored = &proactive.stored;
         let fresh: Vec<PlannedSnippet> = msg
@@ -228,7 +232,7 @@ impl Handler<Speculate> for SessionActor {
         let room = proactive.make_room(&self.session_id, fresh.len(), &msg.ranked);
         let snippets: Vec<PlannedSnippet> = fresh.into_iter().take(room).collect();
         if snippets.is_empty() {
-            return false;
+            return Some(Vec::new());
         }
         proactive.flights_sent += 1;
         let id = format!("p-{}", proactive.flights_sent);
@@ -240,9 +244,10 @@ impl Handler<Speculate> for SessionActor {
             cpu_ms: msg.cpu_ms,
         };
         if worker.writer.send(&frame).is_err() {
-            return false;
+            return None;
         }
         let count = snippets.len();
+        let sent = snippets.iter().map(|s| s.normal.clone()).collect();
         tracing::debug!(
             session = %self.session_id,
             snippets = ?snippets.iter().map(|s| s.normal.as_str()).collect::<Vec<_>>(),
@@ -259,6 +264,6 @@ impl Handler<Speculate> for SessionActor {
             bound: Vec::new(),
             stale: false,
         });
-        true
+        Some(sent)
     }
 }

@@ -60,6 +60,11 @@ async fn speculations(session: &Session) -> u64 {
 /// Hints `code` and waits until an answer for each is computed ahead and holds.
 async fn computed_ahead(session: &Session, code: &[&str]) {
     hint(session, code).await;
+    held(session, code).await;
+}
+
+/// Waits until an answer for each of `code` is computed ahead and holds.
+async fn held(session: &Session, code: &[&str]) {
     let wanted: Vec<String> = code.iter().map(|c| normalise(c).unwrap()).collect();
     within(async {
         loop {
@@ -179,6 +184,22 @@ async fn a_session_speculates_no_more_than_the_cache_keeps_for_it() {
     for code in newer {
         assert!(ok(&session, code).await.from_cache, "{code} ran for real");
     }
+}
+
+#[tokio::test]
+async fn an_answer_gone_stale_is_computed_again_for_the_new_state() {
+    let engine = engine().await;
+    let (session, twin) = sessions(&engine).await;
+    let setup = "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2, 3]})";
+    both(&session, &twin, setup).await;
+    computed_ahead(&session, &["df.shape"]).await;
+    both(&session, &twin, "df['b'] = df['a'] * 2").await;
+    // The hint still stands: its answer for the old frame is stale, and the next idle
+    // moment computes it again, unasked.
+    held(&session, &["df.shape"]).await;
+    let answer = same_answer(&session, &twin, "df.shape").await;
+    assert!(answer.from_cache, "{answer:?}");
+    assert_eq!(answer.result.unwrap().repr, "(3, 2)");
 }
 
 #[tokio::test]
