@@ -33,8 +33,6 @@ const KEPT: usize = 8;
 const MIN_REPOSITORIES: usize = 2;
 /// How many cells back a member swapped for another is looked for when counting.
 const WINDOW: usize = 5;
-/// How many of the last cells are edited.
-const EDITED_CELLS: usize = 3;
 /// Alike members tried per member, beyond the siblings.
 const ALIKE: usize = 4;
 /// Surroundings two members must share to be alike.
@@ -309,14 +307,7 @@ impl SessionModel {
     pub(super) fn edited_guesses(&self, edits: &Edits) -> Vec<HistoryGuess> {
         let scope = self.scope();
         let mut out: Vec<HistoryGuess> = Vec::new();
-        let recent = self
-            .history
-            .iter()
-            .rev()
-            .enumerate()
-            .filter(|(_, past)| past.single && past.ok)
-            .take(EDITED_CELLS);
-        for (age, past) in recent {
+        for (age, past) in self.recent_inspections() {
             for (tokens, kind) in edited(past, edits, &scope) {
                 let code = render(&tokens);
                 if !single_expression(&tokens)

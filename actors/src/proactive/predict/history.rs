@@ -14,6 +14,8 @@ use super::template::{instantiate, Filling};
 const LOOK_BACK: usize = 16;
 /// Newer objects an earlier cell is re-applied to.
 const NEWER_OBJECTS: usize = 4;
+/// How many of the last inspections are varied and edited.
+const RECENT_INSPECTIONS: usize = 3;
 
 /// One guess from the history.
 #[derive(Debug, Clone, PartialEq)]
@@ -130,6 +132,17 @@ impl SessionModel {
             }
         }
         out
+    }
+
+    /// The last few cells that were single expressions and ran, the last first, each with
+    /// how many cells back it is: what `varied.rs` and `edits.rs` start from.
+    pub(super) fn recent_inspections(&self) -> impl Iterator<Item = (usize, &Observed)> {
+        self.history
+            .iter()
+            .rev()
+            .enumerate()
+            .filter(|(_, past)| past.single && past.ok)
+            .take(RECENT_INSPECTIONS)
     }
 
     /// Whether a later cell bound or changed a name that `past` reads.

@@ -11,8 +11,6 @@ use super::model::{column_class, Observed, SessionModel};
 use super::normal::render;
 use super::template::{instantiate_tokens, Filling};
 
-/// How many of the last cells are varied.
-const LAST_CELLS: usize = 3;
 /// Columns tried for one column slot, and objects for one variable.
 const COLUMNS: usize = 3;
 const OBJECTS: usize = 3;
@@ -23,14 +21,7 @@ impl SessionModel {
     /// The last few single-expression cells, each with one column or one object changed.
     pub(super) fn varied_guesses(&self) -> Vec<HistoryGuess> {
         let mut out = Vec::new();
-        let recent = self
-            .history
-            .iter()
-            .rev()
-            .enumerate()
-            .filter(|(_, p)| p.single && p.ok)
-            .take(LAST_CELLS);
-        for (age, past) in recent {
+        for (age, past) in self.recent_inspections() {
             out.extend(self.other_columns(past, age));
             out.extend(self.other_objects(past, age));
             out.extend(self.other_literals(past, age));
@@ -161,16 +152,19 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn the_last_cell_moves_on_to_the_next_columns() {
+    /// A session that bound `cars` and then ran `cells` on it.
+    fn cars_after(cells: &[&str]) -> SessionModel {
         let mut model = SessionModel::new();
         run(&mut model, "cars = load()", &["cars"], vec![frame("cars")]);
-        run(
-            &mut model,
-            "cars['buying'].nunique()",
-            &[],
-            vec![frame("cars")],
-        );
+        for cell in cells {
+            run(&mut model, cell, &[], vec![frame("cars")]);
+        }
+        model
+    }
+
+    #[test]
+    fn the_last_cell_moves_on_to_the_next_columns() {
+        let model = cars_after(&["cars['buying'].nunique()"]);
         let columns = guesses(&model, GuessKind::OtherColumn);
         // `doors` is a number with few values, like a category; `price` has hundreds: not
         // what a count of categories moves on to.
@@ -193,35 +187,17 @@ mod tests {
 
     #[test]
     fn columns_selected_together_are_still_to_be_inspected() {
-        let mut model = SessionModel::new();
-        run(&mut model, "cars = load()", &["cars"], vec![frame("cars")]);
-        run(
-            &mut model,
+        let model = cars_after(&[
             "cars[['buying', 'maint', 'doors']].head()",
-            &[],
-            vec![frame("cars")],
-        );
-        run(
-            &mut model,
             "cars['buying'].nunique()",
-            &[],
-            vec![frame("cars")],
-        );
+        ]);
         let columns = guesses(&model, GuessKind::OtherColumn);
         assert_eq!(columns[0], "cars['maint'].nunique()", "{columns:?}");
     }
 
     #[test]
     fn an_inspection_two_cells_back_moves_on_too() {
-        let mut model = SessionModel::new();
-        run(&mut model, "cars = load()", &["cars"], vec![frame("cars")]);
-        run(
-            &mut model,
-            "cars['buying'].nunique()",
-            &[],
-            vec![frame("cars")],
-        );
-        run(&mut model, "cars.shape", &[], vec![frame("cars")]);
+        let model = cars_after(&["cars['buying'].nunique()", "cars.shape"]);
         let columns = guesses(&model, GuessKind::OtherColumn);
         assert!(
             columns.contains(&"cars['maint'].nunique()".to_string()),
