@@ -3,9 +3,9 @@
 ``summary(name, value)`` describes pandas DataFrames and Series, numpy arrays, lists, tuples,
 dicts and sets (None for other values): {"name", "kind" (the type's own name), "module" (its
 top-level module), "len", "shape", "columns", "index"}. Other pandas objects are described by
-kind only, an Index with its length too (never the length of a GroupBy: it would group). A frame lists its first MAX_COLUMNS
-columns, a Series itself as one column: {"name" (str() of the label), "label_is_str", "dtype",
-"nulls", "distinct"}. On frames of more than SAMPLE_ABOVE rows both counts come from SAMPLE
+kind only, an Index with its length too (never the length of a GroupBy: it would group). A
+frame lists its first MAX_COLUMNS columns, a Series itself as one column: {"name" (str() of
+the label), "label_is_str", "dtype", "nulls", "distinct"}. On frames of more than SAMPLE_ABOVE rows both counts come from SAMPLE
 rows spread evenly over it: nulls scaled to the whole, distinct as found in the sample (an
 estimate, low for columns of mostly unique values). A count pandas cannot compute (unhashable
 values) is 0. The summary of a value whose content fingerprint has not changed since the last

@@ -379,10 +379,20 @@ pub fn column_class(column: &ColumnSummary, rows: Option<u64>) -> String {
     } else {
         "obj"
     };
+    let cardinality = if has_few_values(column, rows) {
+        "low"
+    } else {
+        "high"
+    };
+    format!("{base}-{cardinality}")
+}
+
+/// Whether `column`, of a frame of `rows` rows, has few distinct values (the `low` of
+/// [`column_class`]): 30 at most, or one in 20 of the rows they were counted on.
+pub fn has_few_values(column: &ColumnSummary, rows: Option<u64>) -> bool {
     // The worker counts distinct values on at most SAMPLED_ROWS rows of a larger frame.
     let counted_on = rows.map(|n| n.min(SAMPLED_ROWS));
-    let low = column.distinct <= 30 || counted_on.is_some_and(|n| column.distinct * 20 <= n);
-    format!("{base}-{}", if low { "low" } else { "high" })
+    column.distinct <= 30 || counted_on.is_some_and(|n| column.distinct * 20 <= n)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! varying has its own rate, counted on the corpus like the history's.
 
 use super::history::{GuessKind, HistoryGuess};
-use super::model::{column_class, Observed, SessionModel};
+use super::model::{has_few_values, Observed, SessionModel};
 use super::normal::render;
 use super::template::{instantiate_tokens, Filling};
 
@@ -70,23 +70,22 @@ impl SessionModel {
             return out;
         };
         let rows = object.len;
-        let class_of = |label: &str| {
+        let few_values = |label: &str| {
             object
                 .columns
                 .iter()
                 .find(|c| c.name == label)
-                .map(|c| column_class(c, rows))
+                .map(|c| has_few_values(c, rows))
         };
         for (slot, label) in past.template.cols.iter().enumerate() {
-            let Some(class) = class_of(label) else {
+            let Some(few) = few_values(label) else {
                 continue;
             };
-            let cardinality = |class: &str| class.rsplit('-').next().map(str::to_owned);
             let choices = self
                 .ranked_columns(owner)
                 .into_iter()
                 .filter(|c| !past.template.cols.contains(&c.name))
-                .filter(|c| cardinality(&column_class(c, rows)) == cardinality(&class))
+                .filter(|c| has_few_values(c, rows) == few)
                 .take(COLUMNS);
             for column in choices {
                 let mut cols = past.template.cols.clone();
