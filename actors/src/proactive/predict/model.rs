@@ -18,9 +18,10 @@ const HISTORY: usize = 32;
 /// A cell naming more columns than this selects or renames them rather than inspecting
 /// each: they do not count as used when guessing which column comes next.
 const INSPECTED_COLUMNS: usize = 2;
-/// The rows of a large frame the worker counts a column's distinct values on
-/// (`summaries.py`'s SAMPLE).
+/// The worker counts a column's distinct values on SAMPLED_ROWS rows of a frame of more than
+/// SAMPLED_ABOVE rows, on all of a smaller one (`summaries.py`'s SAMPLE and SAMPLE_ABOVE).
 const SAMPLED_ROWS: u64 = 1000;
+const SAMPLED_ABOVE: u64 = 2000;
 
 /// One cell the session ran.
 #[derive(Debug, Clone)]
@@ -390,8 +391,7 @@ pub fn column_class(column: &ColumnSummary, rows: Option<u64>) -> String {
 /// Whether `column`, of a frame of `rows` rows, has few distinct values (the `low` of
 /// [`column_class`]): 30 at most, or one in 20 of the rows they were counted on.
 pub fn has_few_values(column: &ColumnSummary, rows: Option<u64>) -> bool {
-    // The worker counts distinct values on at most SAMPLED_ROWS rows of a larger frame.
-    let counted_on = rows.map(|n| n.min(SAMPLED_ROWS));
+    let counted_on = rows.map(|n| if n > SAMPLED_ABOVE { SAMPLED_ROWS } else { n });
     column.distinct <= 30 || counted_on.is_some_and(|n| column.distinct * 20 <= n)
 }
 
@@ -436,5 +436,24 @@ mod tests {
         assert!(model.has_columns("df", &["d".to_string(), "a".to_string()]));
         assert!(!model.has_columns("df", &["e".to_string()]));
         assert!(!model.has_columns("other", &["a".to_string()]));
+    }
+
+    #[test]
+    fn few_values_are_judged_on_the_rows_they_were_counted_on() {
+        let column = ColumnSummary {
+            distinct: 60,
+            ..ColumnSummary::default()
+        };
+        // Counted on all 1,500 rows: one value in 25.
+        assert!(has_few_values(&column, Some(1500)));
+        // Counted on a sample of 1,000 rows of 6,000: one value in 17.
+        assert!(!has_few_values(&column, Some(6000)));
+        assert!(has_few_values(
+            &ColumnSummary {
+                distinct: 30,
+                ..ColumnSummary::default()
+            },
+            Some(40)
+        ));
     }
 }
