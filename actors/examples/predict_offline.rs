@@ -54,7 +54,7 @@ fn main() -> ExitCode {
         Err(e) => return usage(&format!("failed to read {}: {e}", input.display())),
     };
     if let Some(at) = explain {
-        return explain_cell(&sequences, &at);
+        return explain_cell(&sequences, &at, ks.iter().copied().max().unwrap_or(60));
     }
     if folds > 1 {
         let folded = cross_validate(&sequences, folds, &ks);
@@ -165,7 +165,7 @@ fn show(coverage: &Coverage, misses: usize) {
 
 /// Prints the top guesses before cell `SEQUENCE:INDEX`, with a table learned from the other
 /// repositories, and the facts of the objects the session holds.
-fn explain_cell(sequences: &[Vec<TraceCell>], at: &str) -> ExitCode {
+fn explain_cell(sequences: &[Vec<TraceCell>], at: &str, k: usize) -> ExitCode {
     let Some((name, index)) = at
         .rsplit_once(':')
         .and_then(|(n, i)| Some((n, i.parse::<usize>().ok()?)))
@@ -203,7 +203,7 @@ fn explain_cell(sequences: &[Vec<TraceCell>], at: &str) -> ExitCode {
             );
         }
     }
-    for guess in model.predict(&table, &Learned::new(), 60) {
+    for guess in model.predict(&table, &Learned::new(), k) {
         println!(
             "{:.4} {:<9} {:<40} {}",
             guess.probability,

@@ -26,7 +26,7 @@ use super::tokens::{tokenize, Kind, Token};
 
 /// Keywords tried per call, and members per member.
 const KEYWORDS: usize = 4;
-const SIBLINGS: usize = 3;
+const SIBLINGS: usize = 5;
 /// Entries kept per callee or member in the table.
 const KEPT: usize = 8;
 /// Repositories whose sessions must have used an entry for it to be kept.
@@ -34,7 +34,7 @@ const MIN_REPOSITORIES: usize = 2;
 /// How many cells back a member swapped for another is looked for when counting.
 const WINDOW: usize = 5;
 /// Alike members tried per member, beyond the siblings.
-const ALIKE: usize = 4;
+const ALIKE: usize = 6;
 /// Surroundings two members must share to be alike.
 const MIN_SHARED: u32 = 2;
 /// Stands for the member taken out of a statement to give its surroundings.
@@ -308,7 +308,7 @@ impl SessionModel {
         let scope = self.scope();
         let mut out: Vec<HistoryGuess> = Vec::new();
         for (age, past) in self.recent_inspections() {
-            for (tokens, kind) in edited(past, edits, &scope) {
+            for (tokens, kind, order) in edited(past, edits, &scope) {
                 let code = render(&tokens);
                 if !single_expression(&tokens)
                     || past.normal.as_ref() == Some(&code)
@@ -323,6 +323,7 @@ impl SessionModel {
                     template: template.key,
                     kind,
                     age,
+                    order,
                 });
             }
         }
@@ -331,19 +332,19 @@ impl SessionModel {
 }
 
 /// The cell `past` with one argument or one member edited, each with the way it was edited.
-fn edited(past: &Observed, edits: &Edits, scope: &Scope) -> Vec<(Vec<Token>, GuessKind)> {
+fn edited(past: &Observed, edits: &Edits, scope: &Scope) -> Vec<(Vec<Token>, GuessKind, usize)> {
     let Some(tokens) = tokenize(&past.code) else {
         return Vec::new();
     };
-    let mut edited: Vec<(Vec<Token>, GuessKind)> = Vec::new();
+    let mut edited: Vec<(Vec<Token>, GuessKind, usize)> = Vec::new();
     for call in calls(&tokens) {
         for arg in 0..call.args.len() {
-            edited.push((drop_argument(&tokens, &call, arg), GuessKind::Argument));
+            edited.push((drop_argument(&tokens, &call, arg), GuessKind::Argument, 0));
         }
         let learned = edits.keywords.get(&call.callee).into_iter().flatten();
         for (keyword, _) in learned.take(KEYWORDS) {
             if let Some(t) = with_keyword(&tokens, &call, keyword) {
-                edited.push((t, GuessKind::Argument));
+                edited.push((t, GuessKind::Argument, 0));
             }
         }
     }
@@ -357,15 +358,13 @@ fn edited(past: &Observed, edits: &Edits, scope: &Scope) -> Vec<(Vec<Token>, Gue
             .take(SIBLINGS)
             .map(|(s, _)| s.as_str())
             .collect();
-        for sibling in &siblings {
-            edited.push((swap(sibling), GuessKind::Swapped));
+        for (order, sibling) in siblings.iter().enumerate() {
+            edited.push((swap(sibling), GuessKind::Swapped, order));
         }
         let alike = edits.alike.get(member).into_iter().flatten();
-        for (other, _) in alike
-            .filter(|(o, _)| !siblings.contains(&o.as_str()))
-            .take(ALIKE)
-        {
-            edited.push((swap(other), GuessKind::Alike));
+        let alike = alike.filter(|(o, _)| !siblings.contains(&o.as_str()));
+        for (order, (other, _)) in alike.take(ALIKE).enumerate() {
+            edited.push((swap(other), GuessKind::Alike, order));
         }
     }
     edited

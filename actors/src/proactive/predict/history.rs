@@ -27,10 +27,15 @@ pub struct HistoryGuess {
     pub kind: GuessKind,
     /// How many cells back the cell it comes from is (0 for the last one).
     pub age: usize,
+    /// Its place among the choices of its way of varying or editing that cell (0 for the
+    /// likeliest column or member), for the kinds that offer several.
+    pub order: usize,
 }
 
 impl HistoryGuess {
-    /// The key of the rate this guess is counted under: its kind and how old its cell is.
+    /// The key of the rate this guess is counted under: its kind, how old its cell is and,
+    /// for the kinds that offer several choices, its place among them (the fifth column after
+    /// the last one is right less often than the next).
     pub fn rate_key(&self) -> String {
         let age = match self.age {
             0..=2 => self.age.to_string(),
@@ -38,7 +43,16 @@ impl HistoryGuess {
             5..=8 => "5-8".to_string(),
             _ => "9+".to_string(),
         };
-        format!("{}/{age}", self.kind.as_str())
+        let order = match self.kind {
+            GuessKind::OtherColumn | GuessKind::Swapped | GuessKind::Alike => match self.order {
+                0 => "#0",
+                1 => "#1",
+                2..=3 => "#2-3",
+                _ => "#4+",
+            },
+            _ => "",
+        };
+        format!("{}/{age}{order}", self.kind.as_str())
     }
 }
 
@@ -117,6 +131,7 @@ impl SessionModel {
                         cost_ms: self.default_cost(&past.template.vars),
                         kind,
                         age,
+                        order: 0,
                     });
                 }
             }
@@ -196,6 +211,7 @@ impl SessionModel {
             cost_ms: self.default_cost(vars),
             kind,
             age,
+            order: 0,
         })
     }
 
@@ -225,11 +241,12 @@ mod tests {
             cost_ms: 1.0,
             kind,
             age,
+            order: 0,
         }
     }
 
     #[test]
-    fn rates_are_kept_by_kind_and_age() {
+    fn rates_are_kept_by_kind_age_and_order() {
         assert_eq!(guess(GuessKind::Reapplied, 0).rate_key(), "reapplied/0");
         assert_eq!(guess(GuessKind::Repeated, 4).rate_key(), "repeated/3-4");
         assert_eq!(
@@ -243,6 +260,20 @@ mod tests {
                 hits: 49,
                 trials: 100,
             },
+        );
+        let third_column = HistoryGuess {
+            order: 2,
+            ..guess(GuessKind::OtherColumn, 0)
+        };
+        assert_eq!(third_column.rate_key(), "other-column/0#2-3");
+        let repeated = HistoryGuess {
+            order: 5,
+            ..guess(GuessKind::Repeated, 0)
+        };
+        assert_eq!(
+            repeated.rate_key(),
+            "repeated/0",
+            "one choice only: no order"
         );
         assert!(table.history_rate("reapplied/0") > 0.2);
         assert!(table.history_rate("reapplied/1") < 0.02);

@@ -12,7 +12,7 @@ use super::normal::render;
 use super::template::{instantiate_tokens, Filling};
 
 /// Columns tried for one column slot, and objects for one variable.
-const COLUMNS: usize = 3;
+const COLUMNS: usize = 8;
 const OBJECTS: usize = 3;
 /// Other fillings of a cell's literal slots tried.
 const LITERALS: usize = 3;
@@ -55,6 +55,7 @@ impl SessionModel {
                 cost_ms,
                 kind: GuessKind::OtherLiteral,
                 age,
+                order: 0,
             })
             .collect()
     }
@@ -87,11 +88,12 @@ impl SessionModel {
                 .filter(|c| !past.template.cols.contains(&c.name))
                 .filter(|c| has_few_values(c, rows) == few)
                 .take(COLUMNS);
-            for column in choices {
+            for (order, column) in choices.enumerate() {
                 let mut cols = past.template.cols.clone();
                 cols[slot] = column.name.clone();
                 let vars = &past.template.vars;
-                out.extend(self.refilled(past, vars, &cols, GuessKind::OtherColumn, age));
+                let guess = self.refilled(past, vars, &cols, GuessKind::OtherColumn, age);
+                out.extend(guess.map(|g| HistoryGuess { order, ..g }));
             }
         }
         out
