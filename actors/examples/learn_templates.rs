@@ -3,14 +3,16 @@
 //! ```sh
 //! cargo run --release -p pyvisor-actors --example learn_templates -- \
 //!     CORPUS/sequences --out actors/src/proactive/predict/templates.json \
-//!     [--hold-out owner.repo,...]
+//!     [--hold-out owner.repo,...] [--vocabulary EXAMPLES.jsonl]
 //! ```
 //!
 //! The input is a folder of training sequences (facts read from the code, CSV headers from
 //! the `data` folder beside it) or a facts trace (`.jsonl`, one executed cell a line).
 //! Sequences of held-out repositories are left out of the counts. The table holds the
 //! counts and the ranker's weights, fitted on guesses for each group of repositories made
-//! with a table counted without them (`train.rs`); the weights are printed.
+//! with a table counted without them (`train.rs`); the weights are printed. `--vocabulary`
+//! takes code that is not sessions, in the same trace format (the documented examples of
+//! pandas, written by `scripts/pandas-examples.py`): it adds to the vocabulary of edits only.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,9 +25,11 @@ fn main() -> ExitCode {
     let mut input: Option<PathBuf> = None;
     let mut out: Option<PathBuf> = None;
     let mut hold_out: Vec<String> = Vec::new();
+    let mut vocabulary_path: Option<PathBuf> = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--out" => out = args.next().map(PathBuf::from),
+            "--vocabulary" => vocabulary_path = args.next().map(PathBuf::from),
             "--hold-out" => {
                 hold_out = args
                     .next()
@@ -45,6 +49,10 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(&format!("failed to read {}: {e}", input.display())),
     };
+    let vocabulary = match vocabulary_path.as_deref().map(load).transpose() {
+        Ok(v) => v.unwrap_or_default(),
+        Err(e) => return usage(&format!("failed to read the vocabulary: {e}")),
+    };
     let kept: Vec<Vec<TraceCell>> = sequences
         .iter()
         .filter(|cells| {
@@ -55,7 +63,7 @@ fn main() -> ExitCode {
         .cloned()
         .collect();
     let used = kept.len();
-    let table = train(&kept, &Limits::default());
+    let table = train(&kept, &vocabulary, &Limits::default());
     let json = match serde_json::to_string_pretty(&table) {
         Ok(j) => j,
         Err(e) => return usage(&format!("failed to serialise the table: {e}")),
@@ -82,7 +90,7 @@ fn main() -> ExitCode {
 fn usage(problem: &str) -> ExitCode {
     eprintln!("learn_templates: {problem}");
     eprintln!(
-        "usage: learn_templates SEQUENCES_DIR|FACTS.jsonl --out TABLE.json [--hold-out REPO,...]"
+        "usage: learn_templates SEQUENCES_DIR|FACTS.jsonl --out TABLE.json [--hold-out REPO,...] [--vocabulary EXAMPLES.jsonl]"
     );
     ExitCode::from(2)
 }

@@ -3,11 +3,13 @@
 //!
 //! ```sh
 //! cargo run --release -p pyvisor-actors --example predict_offline -- \
-//!     /tmp/facts-train.jsonl --hold-out owner.repo,... [--k 10,30,60] [--table TABLE.json]
+//!     /tmp/facts-train.jsonl --hold-out owner.repo,... [--k 10,30,60] [--table TABLE.json] \
+//!     [--vocabulary EXAMPLES.jsonl]
 //! ```
 //!
-//! Without `--table`, the table is learned from the input's sequences that are not held out,
-//! so held-out figures are honest; with no `--hold-out` they are in-sample.
+//! Without `--table`, the table is learned from the input's sequences that are not held out
+//! (and the vocabulary of edits also from `--vocabulary`, as `learn_templates` takes it), so
+//! held-out figures are honest; with no `--hold-out` they are in-sample.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,9 +31,11 @@ fn main() -> ExitCode {
     let mut show_misses = 0;
     let mut folds = 0usize;
     let mut explain: Option<String> = None;
+    let mut vocabulary_path: Option<PathBuf> = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--table" => table_path = args.next().map(PathBuf::from),
+            "--vocabulary" => vocabulary_path = args.next().map(PathBuf::from),
             "--hold-out" => hold_out = list(args.next()),
             "--folds" => folds = args.next().and_then(|n| n.parse().ok()).unwrap_or(0),
             "--explain" => explain = args.next(),
@@ -53,11 +57,16 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(&format!("failed to read {}: {e}", input.display())),
     };
+    let vocabulary = match vocabulary_path.as_deref().map(load).transpose() {
+        Ok(v) => v.unwrap_or_default(),
+        Err(e) => return usage(&format!("failed to read the vocabulary: {e}")),
+    };
     if let Some(at) = explain {
-        return explain_cell(&sequences, &at, ks.iter().copied().max().unwrap_or(60));
+        let k = ks.iter().copied().max().unwrap_or(60);
+        return explain_cell(&sequences, &vocabulary, &at, k);
     }
     if folds > 1 {
-        let folded = cross_validate(&sequences, folds, &ks);
+        let folded = cross_validate(&sequences, &vocabulary, folds, &ks);
         report(&format!("{folds}-fold by repository"), &folded, &ks);
         show(&folded, show_misses);
         return ExitCode::SUCCESS;
@@ -77,7 +86,7 @@ fn main() -> ExitCode {
             Ok(t) => t,
             Err(e) => return usage(&format!("failed to read {}: {e}", path.display())),
         },
-        None => train(&training_set, &Limits::default()),
+        None => train(&training_set, &vocabulary, &Limits::default()),
     };
     let mut learned = Learned::new();
     let training = evaluate(&training_set, &table, &mut learned, &ks, OFFERED);
@@ -93,7 +102,12 @@ fn main() -> ExitCode {
 
 /// Splits the repositories into `folds` groups; each group is evaluated with a table
 /// learned from the others, and the figures are summed.
-fn cross_validate(sequences: &[Vec<TraceCell>], folds: usize, ks: &[usize]) -> Coverage {
+fn cross_validate(
+    sequences: &[Vec<TraceCell>],
+    vocabulary: &[Vec<TraceCell>],
+    folds: usize,
+    ks: &[usize],
+) -> Coverage {
     let fold_of = folds_by_repository(sequences, folds);
     let mut total = Coverage::default();
     for fold in 0..folds {
@@ -105,7 +119,7 @@ fn cross_validate(sequences: &[Vec<TraceCell>], folds: usize, ks: &[usize]) -> C
                 .map(|(cells, _)| cells.clone())
                 .collect()
         };
-        let table = train(&pick(false), &Limits::default());
+        let table = train(&pick(false), vocabulary, &Limits::default());
         let part = evaluate(&pick(true), &table, &mut Learned::new(), ks, OFFERED);
         total.cells += part.cells;
         total.single += part.single;
@@ -163,9 +177,14 @@ fn show(coverage: &Coverage, misses: usize) {
     }
 }
 
-/// Prints the top guesses before cell `SEQUENCE:INDEX`, with a table learned from the other
-/// repositories, and the facts of the objects the session holds.
-fn explain_cell(sequences: &[Vec<TraceCell>], at: &str, k: usize) -> ExitCode {
+/// Prints the first `k` guesses before cell `SEQUENCE:INDEX`, with a table learned from the
+/// other repositories, and the facts of the objects the session holds.
+fn explain_cell(
+    sequences: &[Vec<TraceCell>],
+    vocabulary: &[Vec<TraceCell>],
+    at: &str,
+    k: usize,
+) -> ExitCode {
     let Some((name, index)) = at
         .rsplit_once(':')
         .and_then(|(n, i)| Some((n, i.parse::<usize>().ok()?)))
@@ -183,7 +202,7 @@ fn explain_cell(sequences: &[Vec<TraceCell>], at: &str, k: usize) -> ExitCode {
         .filter(|c| c.first().map(|c| repository(&c.sequence)) != Some(repository(name)))
         .cloned()
         .collect();
-    let table = train(&others, &Limits::default());
+    let table = train(&others, vocabulary, &Limits::default());
     let mut model = SessionModel::new();
     for cell in cells.iter().take(index) {
         model.observe(&cell.code, &cell.facts, cell.ok());
@@ -228,6 +247,6 @@ fn list(arg: Option<String>) -> Vec<String> {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!("predict_offline: {problem}");
-    eprintln!("usage: predict_offline FACTS.jsonl|SEQUENCES_DIR [--hold-out REPO,...] [--k 10,30,60] [--table TABLE.json] [--misses N] [--folds N] [--explain SEQUENCE:INDEX]");
+    eprintln!("usage: predict_offline FACTS.jsonl|SEQUENCES_DIR [--hold-out REPO,...] [--k 10,30,60] [--table TABLE.json] [--vocabulary EXAMPLES.jsonl] [--misses N] [--folds N] [--explain SEQUENCE:INDEX]");
     ExitCode::from(2)
 }
