@@ -44,7 +44,10 @@ impl HistoryGuess {
             _ => "9+".to_string(),
         };
         let order = match self.kind {
-            GuessKind::OtherColumn | GuessKind::Swapped | GuessKind::Alike => match self.order {
+            GuessKind::OtherColumn
+            | GuessKind::OtherObject
+            | GuessKind::Swapped
+            | GuessKind::Alike => match self.order {
                 0 => "#0",
                 1 => "#1",
                 2..=3 => "#2-3",

@@ -60,6 +60,8 @@ pub struct SessionModel {
     pub(super) recency: Vec<String>,
     /// When each data object was last bound (cell position).
     pub(super) bound_at: HashMap<String, usize>,
+    /// Data object names in the order they were last bound, the first bound first.
+    pub(super) bound_order: Vec<String>,
     modules: HashSet<String>,
     vars: HashSet<String>,
     /// Column labels the session used, most recent first.
@@ -111,6 +113,7 @@ impl SessionModel {
             if !summarised.contains(name.as_str()) {
                 self.objects.remove(name);
                 self.recency.retain(|n| n != name);
+                self.bound_order.retain(|n| n != name);
             }
         }
         let mut bound = Vec::new();
@@ -120,6 +123,8 @@ impl SessionModel {
             self.bump(&object.name);
             if facts.binds.contains(&object.name) {
                 self.bound_at.insert(object.name.clone(), self.cells);
+                self.bound_order.retain(|n| n != &object.name);
+                self.bound_order.push(object.name.clone());
                 bound.push(object.name.clone());
             } else {
                 touched.push(object.name.clone());
@@ -172,6 +177,7 @@ impl SessionModel {
         self.objects.clear();
         self.recency.clear();
         self.bound_at.clear();
+        self.bound_order.clear();
     }
 
     /// The latest summary of a data object.

@@ -157,7 +157,10 @@ mod tests {
         let sessions = vec![cells("a.repo--one", &["s.max()", "s.min()"])];
         let examples = vec![
             cells("pandas.docstrings--max", &["s.max()", "s.max(axis=1)"]),
-            cells("pandas.docstrings--median", &["s.median()", "s.median(axis=1)"]),
+            cells(
+                "pandas.docstrings--median",
+                &["s.median()", "s.median(axis=1)"],
+            ),
         ];
         let alone = train(&sessions, &[], &Limits::default());
         let with = train(&sessions, &examples, &Limits::default());

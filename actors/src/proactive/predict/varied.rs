@@ -99,21 +99,32 @@ impl SessionModel {
         out
     }
 
-    /// `past`, a cell on one object, applied to other recent objects of the same kind that
-    /// have its columns (newer ones are the history's own re-application).
+    /// `past`, a cell on one object, applied to other objects of the same kind that have its
+    /// columns: first those bound after it, in order (`person.shape` then `survey.shape`
+    /// after loading both), then the recent ones (newer ones are the history's own
+    /// re-application).
     fn other_objects(&self, past: &Observed, age: usize) -> Vec<HistoryGuess> {
         let [name] = past.template.vars.as_slice() else {
             return Vec::new();
         };
         let kind = self.kind(name);
-        let others = self
-            .recency
-            .iter()
-            .filter(|o| *o != name && self.kind(o) == kind)
-            .filter(|o| self.bound_at.get(*o).is_none_or(|&at| at <= past.seq))
-            .take(OBJECTS);
+        let bound_after = self.bound_order.iter().skip_while(|o| *o != name).skip(1);
+        let mut others: Vec<&String> = Vec::new();
+        for other in bound_after.chain(&self.recency) {
+            if other != name
+                && !others.contains(&other)
+                && self.kind(other) == kind
+                && self.bound_at.get(other).is_none_or(|&at| at <= past.seq)
+            {
+                others.push(other);
+            }
+        }
         others
+            .into_iter()
             .filter_map(|other| self.on_object(past, other, GuessKind::OtherObject, age))
+            .take(OBJECTS)
+            .enumerate()
+            .map(|(order, g)| HistoryGuess { order, ..g })
             .collect()
     }
 }
@@ -184,6 +195,35 @@ mod tests {
         run(&mut model, "len(a)", &[], vec![frame("a")]);
         let objects = guesses(&model, GuessKind::OtherObject);
         assert_eq!(objects, ["len(b)"]);
+    }
+
+    #[test]
+    fn objects_bound_after_the_one_inspected_come_first_in_their_order() {
+        let mut model = SessionModel::new();
+        let frames = || vec![frame("person"), frame("site"), frame("survey")];
+        run(
+            &mut model,
+            "person, site, survey = load()",
+            &["person", "site", "survey"],
+            frames(),
+        );
+        run(
+            &mut model,
+            "m = site.merge(person)",
+            &["m"],
+            vec![frame("m"), frame("site")],
+        );
+        run(&mut model, "site.shape", &[], vec![frame("site")]);
+        // Recency alone would give `m` first; the tables loaded together are walked in order.
+        let objects = guesses(&model, GuessKind::OtherObject);
+        assert_eq!(objects[0], "survey.shape", "{objects:?}");
+        let orders: Vec<usize> = model
+            .varied_guesses()
+            .into_iter()
+            .filter(|g| g.kind == GuessKind::OtherObject)
+            .map(|g| g.order)
+            .collect();
+        assert_eq!(orders, (0..orders.len()).collect::<Vec<_>>());
     }
 
     #[test]
