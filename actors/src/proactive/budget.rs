@@ -1,8 +1,9 @@
 //! The engine's CPU budget for speculation: a token bucket of CPU milliseconds.
 //!
 //! Tokens accrue with wall time at `share` of one core (0.1: 100 ms of CPU per second) up to
-//! a burst of a few seconds' worth, and are spent by what speculative children really used,
-//! from their rusage, after the fact. A speculation is granted at most what the bucket holds,
+//! a burst of a few seconds' worth (more when one child costs more than that burst can pay
+//! for: see [`CpuBudget::hold_at_least`]), and are spent by what speculative children really
+//! used, from their rusage, after the fact. A speculation is granted at most what the bucket holds,
 //! and the worker kills its child when the grant is used up, so the bucket can go below
 //! zero only by the little a child runs before it is killed; it then refills before the next
 //! grant.
@@ -55,6 +56,14 @@ impl CpuBudget {
             return None;
         }
         Some(self.tokens_ms.min(want.max(MIN_GRANT_MS)))
+    }
+
+    /// Lets the bucket hold at least `ms` (never less than its burst): a speculation that
+    /// cannot be worth its child with less would otherwise wait for ever on a machine where
+    /// children cost more. Tokens still accrue at the same share, so only the burst grows.
+    pub fn hold_at_least(&mut self, ms: f64) {
+        let burst = (self.rate_ms_per_s * BURST_SECONDS).max(MIN_GRANT_MS);
+        self.capacity_ms = burst.max(ms);
     }
 
     /// A speculative child used `cpu_ms` of CPU time.
@@ -155,6 +164,22 @@ mod tests {
         let mut budget = CpuBudget::new(0.1, now);
         assert_eq!(budget.grant(now, 30.0), Some(30.0));
         assert_eq!(budget.grant(now, 5000.0), Some(200.0));
+    }
+
+    #[test]
+    fn the_bucket_grows_to_hold_a_costly_child_and_shrinks_back() {
+        let start = Instant::now();
+        let mut budget = CpuBudget::new(0.1, start);
+        budget.spend(start, 200.0);
+        budget.hold_at_least(320.0);
+        let later = start + Duration::from_secs(10);
+        assert_eq!(budget.grant(later, 5000.0), Some(320.0));
+        budget.spend(later, 320.0);
+        budget.hold_at_least(50.0); // children became cheap again: the burst is two seconds
+        assert_eq!(
+            budget.grant(later + Duration::from_secs(10), 5000.0),
+            Some(200.0)
+        );
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::session::{PlannedSnippet, SessionActor, SessionEvent, Speculate};
 
 /// Predictions asked of a session's model each time it is idle.
 const PREDICTIONS: usize = 60;
-/// Most CPU milliseconds one speculation may be granted.
+/// Most CPU milliseconds one speculation may be granted, unless its child alone needs more.
 const MAX_GRANT_MS: f64 = 1000.0;
 /// How often idle sessions are tried again as the budget refills.
 const TICK: Duration = Duration::from_millis(200);
@@ -156,7 +156,11 @@ impl PredictorActor {
             followed.speculating = false;
             return;
         };
-        followed.speculating = !sent.is_empty();
+        // Still speculating unless nothing was sent, or its end came first (then it must not
+        // be marked as running again: nothing would ever clear it).
+        if sent.is_empty() {
+            followed.speculating = false;
+        }
         for (normal, (source, template)) in planned {
             if sent.contains(&normal) {
                 self.counters.predicted(source.as_str());
@@ -207,7 +211,9 @@ impl PredictorActor {
             return;
         }
         // All the bucket holds: costs are estimates, and a child that needs less uses less.
-        let Some(grant) = self.budget.grant(Instant::now(), MAX_GRANT_MS) else {
+        let full = schedule::bucket_for_a_child(self.overhead.ms());
+        self.budget.hold_at_least(full);
+        let Some(grant) = self.budget.grant(Instant::now(), MAX_GRANT_MS.max(full)) else {
             return;
         };
         let candidates: Vec<Candidate> = predictions
@@ -221,6 +227,12 @@ impl PredictorActor {
         // The child's own cost comes first out of the grant.
         let room = grant - self.overhead.ms();
         if !schedule::worth_a_child(&candidates, room, self.overhead.ms()) {
+            tracing::debug!(
+                session = %session_id,
+                grant_ms = grant,
+                child_overhead_ms = self.overhead.ms(),
+                "speculation deferred until the budget has room for a child"
+            );
             return; // the tick tries again as the bucket fills
         }
         let plan = schedule::plan(&candidates, room);

@@ -75,8 +75,17 @@ fn plan_acyclic(
 
 /// How many times a child's own cost a plan must have room for, unless it has room for every
 /// candidate: each child pays its fork and the worker's pages again, so children planned on
-/// the few milliseconds the bucket has just refilled would spend the budget on forks.
-const BATCH_OVERHEADS: f64 = 3.0;
+/// the few milliseconds the bucket has just refilled would spend the budget on forks. Once is
+/// enough: the likeliest guesses computed in every idle gap serve more than more guesses in
+/// every other gap (13 held-out sequences on a VM where a child cost 45 to 80 ms: 33 cells
+/// served at 1, 29 at 0.5, 22 at 3).
+const BATCH_OVERHEADS: f64 = 1.0;
+
+/// What a bucket must be able to hold for a child of `overhead_ms` to be worth forking once
+/// it is full: the child itself and [`BATCH_OVERHEADS`] times that for its snippets.
+pub fn bucket_for_a_child(overhead_ms: f64) -> f64 {
+    (1.0 + BATCH_OVERHEADS) * overhead_ms
+}
 
 /// Whether a child is worth forking now, with `room_ms` of a grant left after its own cost of
 /// `overhead_ms`: room for all of `candidates`, or for [`BATCH_OVERHEADS`] times that cost.
@@ -254,9 +263,24 @@ mod tests {
         assert!(!worth_a_child(&cheap, 2.5, 20.0));
         let costly = [candidate(50.0), candidate(40.0)];
         assert!(
-            !worth_a_child(&costly, 45.0, 20.0),
+            !worth_a_child(&costly, 15.0, 20.0),
             "a few ms of work for a 20 ms fork"
         );
-        assert!(worth_a_child(&costly, 60.0, 20.0));
+        assert!(worth_a_child(&costly, 25.0, 20.0));
+    }
+
+    #[test]
+    fn a_full_bucket_is_always_worth_a_child() {
+        let costly: Vec<Candidate> = (0..40)
+            .map(|_| Candidate {
+                probability: 0.1,
+                cost_ms: 5.0,
+                after: None,
+            })
+            .collect();
+        for overhead in [5.0, 20.0, 65.0, 400.0] {
+            let room = bucket_for_a_child(overhead) - overhead;
+            assert!(worth_a_child(&costly, room, overhead), "{overhead} ms");
+        }
     }
 }
