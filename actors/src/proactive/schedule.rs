@@ -77,8 +77,8 @@ fn plan_acyclic(
 /// candidate: each child pays its fork and the worker's pages again, so children planned on
 /// the few milliseconds the bucket has just refilled would spend the budget on forks. Once is
 /// enough: the likeliest guesses computed in every idle gap serve more than more guesses in
-/// every other gap (13 held-out sequences on a VM where a child cost 45 to 80 ms: 33 cells
-/// served at 1, 29 at 0.5, 22 at 3).
+/// every other gap (13 held-out sequences on a VM where a child cost 45 to 80 ms: 33 and 28
+/// cells served in two runs at 1, 29 at 0.5, 22 at 3).
 const BATCH_OVERHEADS: f64 = 1.0;
 
 /// What a bucket must be able to hold for a child of `overhead_ms` to be worth forking once
