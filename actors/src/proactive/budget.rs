@@ -3,8 +3,8 @@
 //! Tokens accrue with wall time at `share` of one core (0.1: 100 ms of CPU per second) up to
 //! a burst of a few seconds' worth (more when one child costs more than that burst can pay
 //! for: see [`CpuBudget::hold_at_least`]), and are spent by what speculative children really
-//! used, from their rusage, after the fact. A speculation is granted at most what the bucket holds,
-//! and the worker kills its child when the grant is used up, so the bucket can go below
+//! used, from their rusage, after the fact. A speculation is granted at most what the bucket
+//! holds, and the worker kills its child when the grant is used up, so the bucket can go below
 //! zero only by the little a child runs before it is killed; it then refills before the next
 //! grant.
 
@@ -20,6 +20,8 @@ pub const MIN_GRANT_MS: f64 = 10.0;
 pub struct CpuBudget {
     /// CPU milliseconds earned per second of wall time.
     rate_ms_per_s: f64,
+    /// What the bucket holds at most unless a child needs more: `BURST_SECONDS` of accrual.
+    burst_ms: f64,
     capacity_ms: f64,
     tokens_ms: f64,
     refilled_at: Instant,
@@ -30,11 +32,12 @@ impl CpuBudget {
     /// A bucket earning `share` of one core, full at `now`.
     pub fn new(share: f64, now: Instant) -> Self {
         let rate_ms_per_s = share.max(0.0) * 1000.0;
-        let capacity_ms = (rate_ms_per_s * BURST_SECONDS).max(MIN_GRANT_MS);
+        let burst_ms = (rate_ms_per_s * BURST_SECONDS).max(MIN_GRANT_MS);
         Self {
             rate_ms_per_s,
-            capacity_ms,
-            tokens_ms: if share > 0.0 { capacity_ms } else { 0.0 },
+            burst_ms,
+            capacity_ms: burst_ms,
+            tokens_ms: if share > 0.0 { burst_ms } else { 0.0 },
             refilled_at: now,
             spent_ms: 0.0,
         }
@@ -62,8 +65,7 @@ impl CpuBudget {
     /// cannot be worth its child with less would otherwise wait for ever on a machine where
     /// children cost more. Tokens still accrue at the same share, so only the burst grows.
     pub fn hold_at_least(&mut self, ms: f64) {
-        let burst = (self.rate_ms_per_s * BURST_SECONDS).max(MIN_GRANT_MS);
-        self.capacity_ms = burst.max(ms);
+        self.capacity_ms = self.burst_ms.max(ms);
     }
 
     /// A speculative child used `cpu_ms` of CPU time.

@@ -211,7 +211,8 @@ impl PredictorActor {
             return;
         }
         // All the bucket holds: costs are estimates, and a child that needs less uses less.
-        let full = schedule::bucket_for_a_child(self.overhead.ms());
+        let overhead = self.overhead.ms();
+        let full = schedule::bucket_for_a_child(overhead);
         self.budget.hold_at_least(full);
         let Some(grant) = self.budget.grant(Instant::now(), MAX_GRANT_MS.max(full)) else {
             return;
@@ -225,12 +226,12 @@ impl PredictorActor {
             })
             .collect();
         // The child's own cost comes first out of the grant.
-        let room = grant - self.overhead.ms();
-        if !schedule::worth_a_child(&candidates, room, self.overhead.ms()) {
+        let room = grant - overhead;
+        if !schedule::worth_a_child(&candidates, room, overhead) {
             tracing::debug!(
                 session = %session_id,
                 grant_ms = grant,
-                child_overhead_ms = self.overhead.ms(),
+                child_overhead_ms = overhead,
                 "speculation deferred until the budget has room for a child"
             );
             return; // the tick tries again as the bucket fills
