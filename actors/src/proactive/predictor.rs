@@ -335,6 +335,7 @@ impl Handler<SessionEvent> for PredictorActor {
                 session_id,
                 addr,
                 since,
+                computed,
             } => {
                 let followed = self
                     .sessions
@@ -342,6 +343,9 @@ impl Handler<SessionEvent> for PredictorActor {
                     .or_insert_with(Followed::new);
                 followed.idle_since.get_or_insert(since);
                 followed.addr = Some(addr);
+                // Answers that outlived the last real execution are not planned again: the
+                // session would drop them, and the grant would go to a child with less to do.
+                followed.tried.extend(computed);
                 // Sessions hold their events for the predictor until they have been quiet,
                 // so the wait is usually over when this comes.
                 let wait = QUIET.saturating_sub(since.elapsed());
@@ -413,5 +417,67 @@ impl Handler<Hint> for PredictorActor {
         followed.tried.clear();
         self.schedule(&session_id, ctx);
         taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actix::dev::channel;
+
+    use super::*;
+    use crate::session::Executed;
+
+    fn predictor() -> PredictorActor {
+        let config = PredictorConfig {
+            cpu_budget: 0.1,
+            yield_to_load: false,
+        };
+        PredictorActor::new(config, Table::builtin(), Default::default())
+    }
+
+    fn idle(session_id: &Arc<str>, computed: &[&str]) -> SessionEvent {
+        let (sender, _) = channel::channel::<SessionActor>(16);
+        SessionEvent::Idle {
+            session_id: session_id.clone(),
+            addr: Addr::new(sender),
+            since: Instant::now(),
+            computed: computed.iter().map(|c| c.to_string()).collect(),
+        }
+    }
+
+    fn ran_for_real(session_id: &Arc<str>, code: &str) -> SessionEvent {
+        SessionEvent::Executed(Arc::new(Executed {
+            session_id: session_id.clone(),
+            execution_id: "e-1".into(),
+            code: code.into(),
+            status: ExecutionStatus::Ok,
+            facts: None,
+            duration_ms: 1.0,
+            served_by: None,
+        }))
+    }
+
+    fn tried(predictor: &PredictorActor, session_id: &Arc<str>) -> Vec<String> {
+        let mut tried: Vec<String> = predictor.sessions[session_id]
+            .tried
+            .iter()
+            .cloned()
+            .collect();
+        tried.sort();
+        tried
+    }
+
+    #[actix::test]
+    async fn answers_that_outlive_a_real_run_are_not_planned_again() {
+        let mut predictor = predictor();
+        let mut ctx = Context::new();
+        let session: Arc<str> = "s-1".into();
+        predictor.handle(idle(&session, &["df.head()"]), &mut ctx);
+        assert_eq!(tried(&predictor, &session), ["df.head()"]);
+        // A real run may have changed what they read: the session says which still hold.
+        predictor.handle(ran_for_real(&session, "x = 1"), &mut ctx);
+        assert!(tried(&predictor, &session).is_empty());
+        predictor.handle(idle(&session, &["df.head()", "df.shape"]), &mut ctx);
+        assert_eq!(tried(&predictor, &session), ["df.head()", "df.shape"]);
     }
 }

@@ -26,11 +26,13 @@ pub enum SessionEvent {
     /// An execution ended.
     Executed(Arc<Executed>),
     /// The session has nothing to run, and has had nothing since `since`; `addr` takes a
-    /// [`super::Speculate`].
+    /// [`super::Speculate`]. `computed` holds the normal forms of the answers it stored
+    /// that still hold: computing them again would be wasted.
     Idle {
         session_id: Arc<str>,
         addr: Addr<SessionActor>,
         since: Instant,
+        computed: Vec<String>,
     },
     /// A speculative snippet ran (servable or not).
     Speculated(Arc<Speculated>),

@@ -238,15 +238,16 @@ impl SessionActor {
     /// nothing else has run for [`QUIET`].
     pub(super) fn publish_idle(&mut self, ctx: &mut Context<Self>) {
         let idle = matches!(self.state, State::Idle) && self.queue.is_empty();
-        let quiet = self
-            .proactive
-            .as_ref()
-            .is_some_and(|p| p.flight.is_none() && p.awaited.is_none());
+        let Some(proactive) = self.proactive.as_ref() else {
+            return;
+        };
+        let quiet = proactive.flight.is_none() && proactive.awaited.is_none();
         if idle && quiet && self.draining.is_none() {
             self.events.publish(SessionEvent::Idle {
                 session_id: self.session_id.as_str().into(),
                 addr: ctx.address(),
                 since: Instant::now(),
+                computed: proactive.ahead(),
             });
             let mark = self.events.mark();
             ctx.run_later(QUIET, move |act, _| act.events.quiet(Some(mark)));
