@@ -299,6 +299,29 @@ async fn a_snippet_never_sees_what_an_earlier_pure_one_left_behind() {
 }
 
 #[tokio::test]
+async fn snippets_reading_the_same_objects_each_see_them_as_the_session_holds_them() {
+    let mut worker = start().await;
+    labelled_frame(&mut worker).await;
+    // Each snippet reads only df: the child notes its hidden state once and takes it back
+    // to those notes after every snippet.
+    let usage = "int(df.memory_usage().sum())";
+    let snippets = [
+        "df.loc['q']",
+        usage,
+        "df.loc['r']",
+        "df.index.is_unique",
+        usage,
+    ];
+    let speculation = speculate(&mut worker, &snippets, 30_000).await;
+    for index in 0..snippets.len() {
+        assert!(speculation.outcome(index).servable, "{index}");
+    }
+    let real = ok(&mut worker, usage).await;
+    assert_eq!(speculation.outcome(1).result, real.result);
+    assert_eq!(speculation.outcome(4).result, real.result);
+}
+
+#[tokio::test]
 async fn a_snippet_never_sees_a_cached_property_an_earlier_one_filled() {
     let mut worker = start().await;
     let class = "import functools\nclass Box:\n    @functools.cached_property\n    \

@@ -15,7 +15,9 @@ session: no attribute added or removed anywhere in those objects, no package imp
 submodule of one already imported, as libraries import on first use, is allowed; an import
 that wrote a warning ends the child by that), the warnings filters as they were, and every object within reach (at most MAX_OBJECTS objects,
 MAX_ITEMS items of a container, MAX_DEPTH levels). When it is not, the speculation ends after
-that snippet (the host plans the rest again, in a new child).
+that snippet (the host plans the rest again, in a new child). When it is, the objects are as
+the guard noted them, so the next snippet that reads exactly the same objects is guarded by the
+same notes (``watches``) rather than by a new walk.
 
 Only what is reachable from the names read is seen. A library's own module-level memo is not,
 nor is anything the content fingerprints already cover (values; see fingerprints).
@@ -50,6 +52,11 @@ class Guard:
         self._shape, self._whole = _walk(self._values, self._caches, self._uncached)
         self._world = _world()
 
+    def watches(self, values):
+        """Whether this guard was made for exactly the objects `values` (a list)."""
+        return len(values) == len(self._values) and all(
+            value is watched for value, watched in zip(values, self._values))
+
     def restore(self):
         """Put back the caches, drop cached properties; whether nothing else changed. False
         also when an object's own code raised on the way: what was not put back stays."""
@@ -64,8 +71,8 @@ class Guard:
             if isinstance(current, dict):
                 current.clear()
                 current.update(cache)
-            else:
-                _instance_dict(owner)["_cache"] = cache
+            else:  # a copy: the noted cache must outlive the next snippet too
+                _instance_dict(owner)["_cache"] = dict(cache)
         for owner in self._uncached:
             _instance_dict(owner).pop("_cache", None)
         for owner, names in self._shape.values():
@@ -164,6 +171,6 @@ def _lazy_imports(modules):
     """Whether the modules imported since `modules` were at most a library's own submodules,
     imported on first use (pandas imports its HTML formatter the first time a frame is
     shown): a package the session had not imported might change what later code does."""
-    now = sys.modules
-    return all(name in now for name in modules) and all(
-        name in modules or name.partition(".")[0] in modules for name in now)
+    now = sys.modules.keys()
+    return not modules - now and all(name.partition(".")[0] in modules
+                                     for name in now - modules)

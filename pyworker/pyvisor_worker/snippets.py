@@ -37,6 +37,7 @@ class AskedForInput(BaseException):
 
 
 _asked = False  # the running snippet called input() or getpass()
+_kept_guard = None  # the last snippet's guard, while the child stays faithful (see hidden)
 
 
 def refuse_input(prompt="", stream=None):
@@ -51,7 +52,7 @@ def run(code, filename, repr_limit, output_limit, displays):
     a faithful copy of the session for the snippets after it: see hidden; a snippet that
     changed what it read, wrote to stderr (a warning is shown once) or left a figure open also
     leaves it unfaithful). `displays` is the list that display() fills while it runs."""
-    global _asked
+    global _asked, _kept_guard
     namespace = state.namespace
     outcome = {"status": "error", "stdout": "", "stderr": "", "result": None, "display": [],
                "error": None, "servable": False, "refusal": None, "reads": [], "files": [],
@@ -68,7 +69,7 @@ def run(code, filename, repr_limit, output_limit, displays):
     reads = sorted({node.id for node in ast.walk(tree)
                     if type(node) is ast.Name and type(node.ctx) is ast.Load})
     stamps = [_stamp(name) for name in reads]
-    guard = hidden.Guard(namespace[name] for name in reads if name in namespace)
+    guard = _guard([namespace[name] for name in reads if name in namespace])
     names, values = list(namespace), list(namespace.values())
     ambient = surroundings.ambient()
     for fd in (1, 2):
@@ -106,7 +107,16 @@ def run(code, filename, repr_limit, output_limit, displays):
     else:
         refusal = changed or lasting or _output_refusal(stdout, stderr, output_limit)
     outcome.update(servable=refusal is None, refusal=refusal)
+    _kept_guard = guard if faithful else None
     return outcome, faithful
+
+
+def _guard(values):
+    """The guard of the objects `values`: the last snippet's when it read the same ones (it
+    left them as that guard noted them), else a new one."""
+    if _kept_guard is not None and _kept_guard.watches(values):
+        return _kept_guard
+    return hidden.Guard(values)
 
 
 def _stamp(name):
