@@ -63,7 +63,7 @@ fn main() -> ExitCode {
     };
     if let Some(at) = explain {
         let k = ks.iter().copied().max().unwrap_or(60);
-        return explain_cell(&sequences, &vocabulary, &at, k);
+        return explain_cell(&sequences, &vocabulary, &hold_out, &at, k);
     }
     if folds > 1 {
         let folded = cross_validate(&sequences, &vocabulary, folds, &ks);
@@ -178,10 +178,12 @@ fn show(coverage: &Coverage, misses: usize) {
 }
 
 /// Prints the first `k` guesses before cell `SEQUENCE:INDEX`, with a table learned from the
-/// other repositories, and the facts of the objects the session holds.
+/// repositories not in `hold_out` (from the other repositories when it is empty), and the
+/// facts of the objects the session holds.
 fn explain_cell(
     sequences: &[Vec<TraceCell>],
     vocabulary: &[Vec<TraceCell>],
+    hold_out: &[String],
     at: &str,
     k: usize,
 ) -> ExitCode {
@@ -197,9 +199,16 @@ fn explain_cell(
     else {
         return usage(&format!("no sequence {name}"));
     };
+    let learned_from = |repo: &str| match hold_out {
+        [] => repo != repository(name),
+        _ => !hold_out.iter().any(|h| h == repo),
+    };
     let others: Vec<Vec<TraceCell>> = sequences
         .iter()
-        .filter(|c| c.first().map(|c| repository(&c.sequence)) != Some(repository(name)))
+        .filter(|c| {
+            c.first()
+                .is_some_and(|c| learned_from(repository(&c.sequence)))
+        })
         .cloned()
         .collect();
     let table = train(&others, vocabulary, &Limits::default());
