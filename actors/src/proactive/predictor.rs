@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use super::budget::{ChildOverhead, CpuBudget};
-use super::predict::{normalise, Learned, Prediction, SessionModel, Source, Table};
+use super::predict::{normalise, Learned, Prediction, SessionModel, Source, Table, MIN_COST_MS};
 use super::schedule::{self, Candidate};
 use super::stats::ProactiveCounters;
 use crate::execution::ExecutionStatus;
@@ -74,6 +74,9 @@ struct Followed {
     tried: HashSet<String>,
     /// Predictions scheduled since the last execution: normal form → (source, template).
     pending: HashMap<String, (Source, String)>,
+    /// Snippets that ran out of CPU in a child, in this state: normal form → the CPU
+    /// milliseconds they are now believed to need (twice what they had, each time).
+    cut_off: HashMap<String, f64>,
     /// CPU milliseconds the snippets of the speculation in flight have reported.
     snippets_cpu_ms: f64,
 }
@@ -87,6 +90,7 @@ impl Followed {
             speculating: false,
             tried: HashSet::new(),
             pending: HashMap::new(),
+            cut_off: HashMap::new(),
             snippets_cpu_ms: 0.0,
         }
     }
@@ -183,6 +187,7 @@ impl PredictorActor {
             // Ran for real: the state may have changed, and what was computed for the old
             // one may be computed again.
             followed.tried.clear();
+            followed.cut_off.clear();
         }
         if let Some(facts) = &event.facts {
             let ok = event.status == ExecutionStatus::Ok;
@@ -206,7 +211,12 @@ impl PredictorActor {
             .model
             .predict(self.table, &self.learned, PREDICTIONS);
         let ranked = predictions.iter().map(|p| p.normal.clone()).collect();
-        let predictions = untried(predictions, &followed.tried);
+        let mut predictions = untried(predictions, &followed.tried);
+        for p in &mut predictions {
+            if let Some(&needs) = followed.cut_off.get(&p.normal) {
+                p.cost_ms = p.cost_ms.max(needs);
+            }
+        }
         if predictions.is_empty() {
             return;
         }
@@ -373,6 +383,7 @@ impl Handler<SessionEvent> for PredictorActor {
                 cpu_ms,
                 finished,
                 unrun,
+                cut_off,
             } => {
                 self.budget.spend(Instant::now(), cpu_ms);
                 if let Some(followed) = self.sessions.get_mut(&session_id) {
@@ -384,6 +395,14 @@ impl Handler<SessionEvent> for PredictorActor {
                         followed.tried.remove(normal);
                         followed.pending.remove(normal);
                     }
+                    if let Some(normal) = cut_off {
+                        // Planned again only where twice what it had fits: a snippet that
+                        // never ends soon costs more than any grant.
+                        let had = cpu_ms - followed.snippets_cpu_ms - self.overhead.ms();
+                        let needs = followed.cut_off.entry(normal.clone()).or_default();
+                        *needs = needs.max(2.0 * had.max(MIN_COST_MS));
+                        followed.tried.remove(&normal);
+                    }
                 }
             }
             SessionEvent::Restored { session_id } => {
@@ -391,6 +410,7 @@ impl Handler<SessionEvent> for PredictorActor {
                     followed.model.forget();
                     followed.tried.clear();
                     followed.pending.clear();
+                    followed.cut_off.clear();
                 }
             }
             SessionEvent::Closed { session_id } => {
@@ -465,6 +485,36 @@ mod tests {
             .collect();
         tried.sort();
         tried
+    }
+
+    fn ended(session_id: &Arc<str>, cpu_ms: f64, unrun: &[&str], cut_off: &str) -> SessionEvent {
+        SessionEvent::SpeculationEnded {
+            session_id: session_id.clone(),
+            cpu_ms,
+            finished: false,
+            unrun: unrun.iter().map(|c| c.to_string()).collect(),
+            cut_off: Some(cut_off.into()),
+        }
+    }
+
+    #[actix::test]
+    async fn a_child_out_of_cpu_leaves_what_it_did_not_run_to_be_planned_again() {
+        let mut predictor = predictor();
+        let mut ctx = Context::new();
+        let session: Arc<str> = "s-1".into();
+        predictor.handle(idle(&session, &["a", "slow", "b"]), &mut ctx);
+        let overhead = predictor.overhead.ms();
+        predictor.handle(ended(&session, overhead + 30.0, &["b"], "slow"), &mut ctx);
+        assert_eq!(tried(&predictor, &session), ["a"]);
+        // The snippet it died in is planned again only with twice the CPU it had.
+        assert_eq!(predictor.sessions[&session].cut_off["slow"], 60.0);
+        predictor.handle(ended(&session, overhead + 20.0, &[], "slow"), &mut ctx);
+        assert_eq!(predictor.sessions[&session].cut_off["slow"], 60.0);
+        predictor.handle(ended(&session, overhead + 80.0, &[], "slow"), &mut ctx);
+        assert_eq!(predictor.sessions[&session].cut_off["slow"], 160.0);
+        // A real run starts a new state, whose costs are learned again.
+        predictor.handle(ran_for_real(&session, "x = 1"), &mut ctx);
+        assert!(predictor.sessions[&session].cut_off.is_empty());
     }
 
     #[actix::test]

@@ -38,13 +38,15 @@ pub enum SessionEvent {
     Speculated(Arc<Speculated>),
     /// A speculation's child is gone, having used `cpu_ms` of CPU; `finished` when it ended
     /// on its own (not killed: cancelled, out of CPU, crashed). `unrun` holds the normal forms
-    /// of the snippets a finished child did not come to (a snippet left it unfit for them):
-    /// they may be planned again.
+    /// of the snippets it did not come to (it died first, or a snippet left it unfit for
+    /// them): they may be planned again. `cut_off` is the snippet it was running when it ran
+    /// out of CPU, which needs more than it had.
     SpeculationEnded {
         session_id: Arc<str>,
         cpu_ms: f64,
         finished: bool,
         unrun: Vec<String>,
+        cut_off: Option<String>,
     },
     /// The namespace was replaced wholesale (restore, crash recovery): what was known of it
     /// holds no more.

@@ -70,6 +70,7 @@ impl SessionActor {
                 cpu_ms: 0.0,
                 finished: false,
                 unrun: Vec::new(),
+                cut_off: None,
             });
         }
     }
@@ -173,17 +174,20 @@ impl SessionActor {
         }
         proactive.setup.counters.used_cpu(cpu_ms);
         proactive.share.cpu_ms += cpu_ms;
-        let unrun = if ending == "finished" {
-            flight
-                .snippets
-                .iter()
-                .zip(&flight.answered)
-                .filter(|(_, answered)| !**answered)
-                .map(|(snippet, _)| snippet.normal.clone())
-                .collect()
-        } else {
-            Vec::new()
+        // The child runs its snippets in order: the first one without an answer is the one
+        // it died in, unless it was cancelled from outside or ended on its own.
+        let mut unanswered = flight
+            .snippets
+            .iter()
+            .zip(&flight.answered)
+            .filter(|(_, answered)| !**answered)
+            .map(|(snippet, _)| snippet.normal.clone());
+        let died_in = match ending {
+            "finished" | "cancelled" => None,
+            _ => unanswered.next(),
         };
+        let unrun: Vec<String> = unanswered.collect();
+        let cut_off = died_in.filter(|_| ending == "cpu_limit");
         tracing::debug!(
             session = %self.session_id,
             ending,
@@ -197,6 +201,7 @@ impl SessionActor {
             cpu_ms,
             finished: ending == "finished",
             unrun,
+            cut_off,
         });
         // A request still waiting for a snippet that never came runs for real.
         if let State::Busy(running) = &self.state {

@@ -304,6 +304,25 @@ async fn a_speculative_child_that_crashes_loops_or_overflows_leaves_the_session_
 }
 
 #[tokio::test]
+async fn snippets_after_one_that_runs_its_child_out_of_cpu_are_computed_in_the_next() {
+    let engine = engine().await;
+    let (session, twin) = sessions(&engine).await;
+    both(&session, &twin, "kept = list(range(5))").await;
+    let cheap = ["kept[0]", "kept[1]", "kept[2]", "kept[3]"];
+    // Planned with the same saving, hints run last first.
+    let mut hinted = cheap.to_vec();
+    hinted.push("sum(i * i for i in range(10 ** 12))");
+    hint(&session, &hinted).await;
+    held(&session, &cheap).await;
+    for code in cheap {
+        assert!(
+            same_answer(&session, &twin, code).await.from_cache,
+            "{code}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_request_for_the_snippet_being_computed_joins_it() {
     let engine = engine().await;
     let (session, twin) = sessions(&engine).await;
