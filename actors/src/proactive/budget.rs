@@ -68,6 +68,11 @@ impl CpuBudget {
         self.capacity_ms = self.burst_ms.max(ms);
     }
 
+    /// The most the bucket can hold, and so the largest grant.
+    pub fn capacity_ms(&self) -> f64 {
+        self.capacity_ms
+    }
+
     /// A speculative child used `cpu_ms` of CPU time.
     pub fn spend(&mut self, now: Instant, cpu_ms: f64) {
         self.refill(now);

@@ -75,7 +75,8 @@ struct Followed {
     /// Predictions scheduled since the last execution: normal form → (source, template).
     pending: HashMap<String, (Source, String)>,
     /// Snippets that ran out of CPU in a child, in this state: normal form → the CPU
-    /// milliseconds they are now believed to need (twice what they had, each time).
+    /// milliseconds they are now believed to need (twice what they had, each time, up to
+    /// all a child can have; infinite once they had that).
     cut_off: HashMap<String, f64>,
     /// CPU milliseconds the snippets of the speculation in flight have reported.
     snippets_cpu_ms: f64,
@@ -396,12 +397,19 @@ impl Handler<SessionEvent> for PredictorActor {
                         followed.pending.remove(normal);
                     }
                     if let Some(normal) = cut_off {
-                        // Planned again only where twice what it had fits: a snippet that
-                        // never ends soon costs more than any grant.
-                        let had = cpu_ms - followed.snippets_cpu_ms - self.overhead.ms();
+                        // Planned again with twice the CPU it had, or all a child can have;
+                        // a snippet that had that much is left alone.
+                        let overhead = self.overhead.ms();
+                        let largest = self.budget.capacity_ms().min(MAX_GRANT_MS) - overhead;
+                        let had = cpu_ms - followed.snippets_cpu_ms - overhead;
                         let needs = followed.cut_off.entry(normal.clone()).or_default();
-                        *needs = needs.max(2.0 * had.max(MIN_COST_MS));
-                        followed.tried.remove(&normal);
+                        if *needs >= largest {
+                            *needs = f64::INFINITY;
+                            followed.tried.insert(normal);
+                        } else {
+                            *needs = needs.max(2.0 * had.max(MIN_COST_MS)).min(largest);
+                            followed.tried.remove(&normal);
+                        }
                     }
                 }
             }
@@ -506,12 +514,18 @@ mod tests {
         let overhead = predictor.overhead.ms();
         predictor.handle(ended(&session, overhead + 30.0, &["b"], "slow"), &mut ctx);
         assert_eq!(tried(&predictor, &session), ["a"]);
-        // The snippet it died in is planned again only with twice the CPU it had.
-        assert_eq!(predictor.sessions[&session].cut_off["slow"], 60.0);
+        // The snippet it died in is planned again only with twice the CPU it had, or all a
+        // child can have (the bucket holds 200 ms at 10% of a core); then it is left alone.
+        let needs = |predictor: &PredictorActor| predictor.sessions[&session].cut_off["slow"];
+        assert_eq!(needs(&predictor), 60.0);
         predictor.handle(ended(&session, overhead + 20.0, &[], "slow"), &mut ctx);
-        assert_eq!(predictor.sessions[&session].cut_off["slow"], 60.0);
-        predictor.handle(ended(&session, overhead + 80.0, &[], "slow"), &mut ctx);
-        assert_eq!(predictor.sessions[&session].cut_off["slow"], 160.0);
+        assert_eq!(needs(&predictor), 60.0);
+        predictor.handle(ended(&session, overhead + 120.0, &[], "slow"), &mut ctx);
+        assert_eq!(needs(&predictor), 200.0 - overhead);
+        assert_eq!(tried(&predictor, &session), ["a"]);
+        predictor.handle(ended(&session, 200.0, &[], "slow"), &mut ctx);
+        assert_eq!(needs(&predictor), f64::INFINITY);
+        assert_eq!(tried(&predictor, &session), ["a", "slow"]);
         // A real run starts a new state, whose costs are learned again.
         predictor.handle(ran_for_real(&session, "x = 1"), &mut ctx);
         assert!(predictor.sessions[&session].cut_off.is_empty());
