@@ -573,6 +573,68 @@ async fn after_a_speculation_the_worker_writes_its_pages_without_faulting() {
 }
 
 #[tokio::test]
+async fn the_worker_takes_back_its_pages_only_once_the_execute_that_killed_the_child_is_done() {
+    let mut worker = start().await;
+    ok(
+        &mut worker,
+        "import resource, time\nfloats = [float(i) for i in range(200_000)]\n\
+         faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt",
+    )
+    .await;
+    send(
+        &worker,
+        speculate_message("s", &["1", "sum(i * i for i in range(10**10))"], 600_000),
+    );
+    let mut speculation = Speculation::default();
+    while speculation.outcomes.is_empty() {
+        let message = next_message(&mut worker).await;
+        assert!(speculation.take("s", &message), "unexpected {message:?}");
+    }
+    send(
+        &worker,
+        HostMessage::Execute {
+            id: "e".into(),
+            code: "time.sleep(0.5)\n'slept'".into(),
+            repr_limit: 100,
+            transaction: Transaction::CommitAlways,
+            facts: false,
+            cell: None,
+        },
+    );
+    let mut answered_first = None;
+    while speculation.ending.is_none() {
+        let message = next_message(&mut worker).await;
+        if !speculation.take("s", &message) {
+            match message {
+                WorkerMessage::Result { id, result, .. } if id == "e" => {
+                    assert_eq!(result.unwrap().repr, "'slept'");
+                    answered_first.get_or_insert(true);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        } else {
+            answered_first.get_or_insert(false);
+        }
+    }
+    assert_eq!(
+        answered_first,
+        Some(true),
+        "the pages were taken back during the execute"
+    );
+    assert_eq!(speculation.ending.as_deref(), Some("cancelled"));
+    let faults: u64 = ok(&mut worker, TOUCH_FLOATS)
+        .await
+        .stdout
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        faults < 100,
+        "{faults} page faults: the pages were not taken back after it"
+    );
+}
+
+#[tokio::test]
 async fn a_binding_snippet_lets_later_snippets_build_on_it() {
     let mut worker = start().await;
     ok(&mut worker, "x = 21").await;

@@ -13,8 +13,8 @@ import signal
 import sys
 
 from pyvisor_worker import (
-    adoption, bridge, checkpoints, cloning, completion, display, execution, inspection, prompts, protocol,
-    restores, sandbox, speculation, state, surroundings, zygote,
+    adoption, bridge, checkpoints, cloning, completion, display, execution, inspection, pages,
+    prompts, protocol, restores, sandbox, speculation, state, surroundings, zygote,
 )
 
 _USAGE = ("usage: python3 -I -B -u WORKER_DIRECTORY [--zygote] [--preload MODULE[,MODULE...]]"
@@ -99,6 +99,7 @@ def _serve():
         kind = request.get("type")
         if kind in ("execute", "restore"):
             speculation.cancel(None)  # the CPU is theirs now
+            pages.hold_off()
         try:
             if kind == "execute":
                 reply = execution.execute(request)
@@ -126,6 +127,7 @@ def _serve():
             reply = _fault_reply(request, exc)
         if reply is not None:
             protocol.send(reply)
+        pages.go_on()
         arrived = execution.send_facts()
 
 

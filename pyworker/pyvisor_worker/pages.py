@@ -10,11 +10,17 @@ madvise(MADV_POPULATE_WRITE) (Linux 5.14+), which changes no byte. Only pages th
 present, anonymous and mapped by this process alone are touched: nothing new is allocated,
 and a page still shared with a live child (a checkpoint's, or one the session's code forked)
 is left shared rather than copied.
+
+It runs only while the session is idle: the main thread holds it off while it serves an
+execute or a restore (``hold_off()``, ``go_on()``), which would otherwise wait for the CPU,
+the interpreter lock and the address space's lock behind it, and it then starts again from
+the mappings it had not finished.
 """
 
 import ctypes
 import os
 import re
+import threading
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _MADV_POPULATE_WRITE = 23
@@ -28,6 +34,18 @@ _RUNS = re.compile(rb"\x01+")
 
 _madvise = None  # libc's madvise, once it is known to take MADV_POPULATE_WRITE
 _unsupported = False
+_idle = threading.Event()  # clear while the main thread serves a request
+_idle.set()
+
+
+def hold_off():
+    """Main thread, taking up an execute or a restore: no reclaim until ``go_on()``."""
+    _idle.clear()
+
+
+def go_on():
+    """Main thread, done with the request: a reclaim held off goes on."""
+    _idle.set()
 
 
 def _load():
@@ -63,8 +81,9 @@ def _mappings():
 def reclaim():
     """Make the present private pages of this process writable again; the number of pages.
 
-    Never raises: on a kernel
-    without MADV_POPULATE_WRITE, or without /proc, it does nothing from then on.
+    A thread's: it waits while the main thread serves a request (see ``hold_off()``). Never
+    raises: on a kernel without MADV_POPULATE_WRITE, or without /proc, it does nothing from
+    then on.
     """
     global _madvise, _unsupported
     if _unsupported:
@@ -74,22 +93,40 @@ def reclaim():
         if _madvise is None:
             _unsupported = True
             return 0
+    finished = set()  # mappings taken back whole, not walked again after a wait
     done = 0
     try:
-        pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
-        try:
-            for start, end in _mappings():
-                pages = min((end - start) // _PAGE, _MAX_PAGES - done)
-                if pages <= 0:
-                    break
-                entries = os.pread(pagemap, pages * 8, start // _PAGE * 8)
-                for run in _RUNS.finditer(entries[7::8].translate(_OURS_ALONE)):
-                    length = (run.end() - run.start()) * _PAGE
-                    if _madvise(start + run.start() * _PAGE, length, _MADV_POPULATE_WRITE):
-                        continue  # the mapping changed meanwhile, or cannot be populated
-                    done += run.end() - run.start()
-        finally:
-            os.close(pagemap)
+        while True:
+            _idle.wait()
+            done, complete = _walk(finished, done)
+            if complete:
+                return done
     except OSError:  # no /proc
         _unsupported = True
     return done
+
+
+def _walk(finished, done):
+    """Take back the pages of the mappings not in `finished` (adding those it completes)
+    until `done` pages are, or the main thread takes up a request: (done, whether every
+    mapping was walked). A wait makes what was read of the mappings stale."""
+    pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+    try:
+        for start, end in _mappings():
+            if (start, end) in finished:
+                continue
+            pages = min((end - start) // _PAGE, _MAX_PAGES - done)
+            if pages <= 0:
+                break
+            entries = os.pread(pagemap, pages * 8, start // _PAGE * 8)
+            for run in _RUNS.finditer(entries[7::8].translate(_OURS_ALONE)):
+                if not _idle.is_set():
+                    return done, False
+                length = (run.end() - run.start()) * _PAGE
+                if _madvise(start + run.start() * _PAGE, length, _MADV_POPULATE_WRITE):
+                    continue  # the mapping changed meanwhile, or cannot be populated
+                done += run.end() - run.start()
+            finished.add((start, end))
+    finally:
+        os.close(pagemap)
+    return done, True

@@ -11,7 +11,7 @@ timer, or SIGXCPU from RLIMIT_CPU, rounded up to whole seconds, as a backstop),
 "crashed: killed by SIGSEGV" (any other signal, the OOM killer's SIGKILL among them) or
 "crashed: exit status N"; "cpu_ms" is the child's user plus system CPU time, and the
 worker's in taking back its pages from the fork (see pages), done once the child is gone and
-before this message is sent. One child at a time. It does not start when a request already
+the main thread serves no execute or restore, before this message is sent. One child at a time. It does not start when a request already
 waits on fd 3 (the session is not idle). The main thread kills it (SIGKILL) when it takes up
 an execute or a restore, which is the moment they arrive (it has nothing else to do while the
 child runs), and the control thread on a cancel_speculation naming it, or naming a
