@@ -36,7 +36,7 @@ import select
 import sys
 import threading
 
-from pyvisor_worker import execution, protocol, sandbox, speculation, state
+from pyvisor_worker import execution, pages, protocol, sandbox, speculation, state
 
 
 def user_threads():
@@ -201,6 +201,7 @@ def _become_clone(ours, hosts, threads, plan, hello, serve):
     # What the source had in flight is not the clone's.
     execution.after_fork_in_clone()
     speculation.forget_in_clone()
+    pages.forget_in_clone()
     protocol.reset_in_clone()
     request = protocol.read_message()
     if not request or request.get("type") != "start":

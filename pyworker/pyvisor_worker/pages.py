@@ -48,6 +48,14 @@ def go_on():
     _idle.set()
 
 
+def forget_in_clone():
+    """In a clone of the session (see cloning): no reclaim runs, and the source's thread may
+    have held the event's lock when it forked."""
+    global _idle
+    _idle = threading.Event()
+    _idle.set()
+
+
 def _load():
     """libc's madvise if the kernel takes MADV_POPULATE_WRITE (tried on a page of our own)."""
     try:
