@@ -392,7 +392,8 @@ async fn the_guard_refuses_each_impure_form() {
     ok(
         &mut worker,
         "import datetime, os, random, time\nimport numpy as np\nimport pandas as pd\n\
-         from os import remove\ndf = pd.DataFrame({'a': [1]})\nx = [1]\ndef f(v):\n    return v",
+         from os import remove\ndf = pd.DataFrame({'a': [1]})\nx = [1]\ndef f(v):\n    return v\n\
+         arr = np.zeros(100_000)",
     )
     .await;
     let table = [
@@ -404,6 +405,13 @@ async fn the_guard_refuses_each_impure_form() {
             "changes an object in place",
         ),
         ("x.append(2)", "calls .append"),
+        // numpy writing into an array it is handed, where a sampled fingerprint may not look
+        ("np.place(arr, arr > 0, 7)", "calls .place"),
+        ("np.negative.at(arr, [50_001])", "calls .at"),
+        (
+            "np.multiply(arr, 2, out=arr)",
+            "writes into an object it is handed",
+        ),
         ("df.to_csv('out.csv')", "writes"),
         ("random.random()", "is random"),
         ("np.random.rand(3)", "is random"),
@@ -428,12 +436,15 @@ async fn the_guard_refuses_each_impure_form() {
         assert_eq!(outcome.refusal.as_deref(), Some(*refusal), "{snippet}");
     }
     assert_eq!(
-        ok(&mut worker, "(x, list(df['a']), 'y' in dir())")
-            .await
-            .result
-            .unwrap()
-            .repr,
-        "([1], [1], False)"
+        ok(
+            &mut worker,
+            "(x, list(df['a']), 'y' in dir(), float(arr.sum()))"
+        )
+        .await
+        .result
+        .unwrap()
+        .repr,
+        "([1], [1], False, 0.0)"
     );
 }
 

@@ -8,7 +8,8 @@ that run raises NameError, and an error is never served. The tables:
 
 - _STATEMENT_REASONS: nodes that bind, delete, import, define, or suspend;
 - stores and deletes through attributes and subscripts (``df.loc[0] = 1``);
-- keyword ``inplace=`` with any value but a literal False;
+- keyword ``inplace=`` with any value but a literal False, and ``out=`` or ``target=`` with
+  any value but a literal None (``np.add(a, 1, out=a)``);
 - _MUTATING_METHODS, _WRITING_METHODS, _PLOTTING_METHODS, _CLOCK_METHODS, _RANDOM_METHODS:
   calls of methods of these names, on anything (and of anything under a ``random``
   attribute); and calls of any dunder method;
@@ -48,7 +49,12 @@ _MUTATING_METHODS = frozenset((
     "symmetric_difference_update", "fill", "resize", "put", "itemset", "setflags", "byteswap",
     "seek", "read", "readline", "readlines", "close", "send", "throw",
     "set_option", "reset_option", "set_printoptions", "seed",
+    # numpy's functions and methods that write into an array they are handed
+    "place", "putmask", "copyto", "fill_diagonal", "put_along_axis", "partition", "at",
+    "setfield",
 ))
+# Keywords naming an object a call writes its result into (np.add(a, 1, out=a)).
+_WRITING_KEYWORDS = frozenset(("out", "target"))
 _WRITING_METHODS = frozenset((
     "to_csv", "to_excel", "to_json", "to_parquet", "to_pickle", "to_sql", "to_hdf",
     "to_feather", "to_clipboard", "to_stata", "to_orc", "to_latex", "to_html", "to_markdown",
@@ -135,6 +141,9 @@ def _node_reason(node, namespace, called):
     if isinstance(node, ast.keyword) and node.arg == "inplace":
         if not (isinstance(node.value, ast.Constant) and node.value.value is False):
             return "changes an object in place"
+    if isinstance(node, ast.keyword) and node.arg in _WRITING_KEYWORDS:
+        if not (isinstance(node.value, ast.Constant) and node.value.value is None):
+            return "writes into an object it is handed"
     if isinstance(node, ast.Call):
         return _call_reason(node, namespace)
     return None
