@@ -222,6 +222,40 @@ async fn a_mutation_through_an_alias_is_never_answered_stale() {
 }
 
 #[tokio::test]
+async fn answers_outlive_a_pure_cell_unless_it_changed_what_they_read() {
+    let engine = engine().await;
+    let (session, twin) = sessions(&engine).await;
+    let setup = "import pandas as pd\n\
+                 df = pd.DataFrame({'a': [1, 2, 3], 'b': ['x', 'y', 'x']})\n\
+                 hidden = {'drop': lambda: df.drop(columns=['b'], inplace=True)}";
+    both(&session, &twin, setup).await;
+    computed_ahead(&session, &["df.shape"]).await;
+    // A pure cell reads df and changes nothing: the answer computed before it still holds
+    // as soon as the cell's facts are in, before anything could compute it again.
+    both(&session, &twin, "df['a'].sum()").await;
+    let info = within(async {
+        loop {
+            let info = session.info().await.unwrap();
+            if !info.ahead.is_empty() {
+                return info;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    let shape = normalise("df.shape").unwrap();
+    assert!(info.ahead.contains(&shape), "{:?}", info.ahead);
+    let answer = same_answer(&session, &twin, "df.shape").await;
+    assert!(answer.from_cache, "{answer:?}");
+    // A call the guard cannot see into changes df: the content check refuses the answer.
+    computed_ahead(&session, &["list(df.columns)"]).await;
+    both(&session, &twin, "hidden['drop']()").await;
+    let answer = same_answer(&session, &twin, "list(df.columns)").await;
+    assert!(!answer.from_cache, "{answer:?}");
+    assert_eq!(answer.result.unwrap().repr, "['a']");
+}
+
+#[tokio::test]
 async fn randomness_time_and_impure_code_are_never_served() {
     let engine = engine().await;
     let (session, _twin) = sessions(&engine).await;
