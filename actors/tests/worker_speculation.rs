@@ -174,6 +174,31 @@ async fn facts_say_what_a_cell_read_bound_and_touched() {
     assert_eq!(shape.reads, ["df"]);
     assert_eq!(shape.touched.as_deref(), Some([].as_slice()));
     assert!(shape.pure);
+    // Calls and assignments of values the guard passes change nothing in place.
+    let total = facts(&mut worker, "df['a'].sum()").await;
+    assert_eq!(total.touched.as_deref(), Some([].as_slice()));
+    let derived = facts(
+        &mut worker,
+        "small = df[df.a > 1]
+large, n = small.copy(), len(small)",
+    )
+    .await;
+    assert_eq!(
+        derived.touched.as_deref(),
+        Some(["large", "n", "small"].map(String::from).as_slice())
+    );
+    assert!(!derived.pure);
+    let appended = facts(
+        &mut worker,
+        "rows = []
+rows.append(df)",
+    )
+    .await;
+    assert_eq!(
+        appended.touched.as_deref(),
+        Some(["a", "df", "rows"].map(String::from).as_slice()),
+        "a call the guard refuses may change anything it reaches"
+    );
     assert!(shape.cost_ms >= 0.0);
     assert_eq!(shape.ambient, drop.ambient);
     let options = facts(&mut worker, "pd.set_option('display.max_rows', 7)").await;

@@ -5,7 +5,9 @@ Computed only for an execute request with "facts": true, and sent in its result 
 - "reads": the names the code loads (every Name in a load context, at any depth), sorted;
 - "binds": the names the execution added, rebound (to another object) or removed, sorted;
 - "touched": the names whose values it could have changed in place: for code that cannot
-  mutate (see changes) its binds, else every name it can reach (see changes) but modules (a
+  mutate (see changes), or whose every statement is an expression or an assignment to plain
+  names of a value the purity guard passes (``small = df[df.a > 1]``), its binds, else every
+  name it can reach (see changes) but modules (a
   change to a module's options shows in the ambient) and its binds, with their aliases: the
   other names bound to one of their objects, or to a numpy array over the same memory (the
   same root ``.base``); null when that cannot be told;
@@ -57,14 +59,14 @@ class Recorder:
         removed = [name for name in before if name not in namespace and state.is_user_name(name)]
         summaries.forget(removed)
         binds = sorted(binds + removed)
-        touched = binds
-        if watch.may_mutate:
-            reachable = watch.touched()
-            touched = None if reachable is None else _with_aliases(reachable, binds)
         try:
             tree = self.cell.tree
         except (SyntaxError, ValueError):
             tree = None
+        touched = binds
+        if watch.may_mutate and not (tree is not None and _binds_only(tree, before, binds)):
+            reachable = watch.touched()
+            touched = None if reachable is None else _with_aliases(reachable, binds)
         reads = sorted({node.id for node in ast.walk(tree)
                         if type(node) is ast.Name and type(node.ctx) is ast.Load}) if tree else []
         pure = tree is not None and purity.check(self.cell.code, before, tree) is None
@@ -79,6 +81,34 @@ class Recorder:
         }
         facts["cost_ms"] = (self.cost + time.perf_counter() - started) * 1000
         return facts
+
+
+def _binds_only(tree, before, binds):
+    """Whether every statement of `tree` is an expression or an assignment to plain names
+    (or a tuple of them) of a value the purity guard passes: such a cell changes no object
+    in place. A name the cell bound is judged by the value it holds after the cell."""
+    namespace = dict(before)
+    for name in binds:
+        if name in state.namespace:
+            namespace[name] = state.namespace[name]
+        else:
+            namespace.pop(name, None)
+    for statement in tree.body:
+        if type(statement) is ast.Assign:
+            if not all(_plain_target(target) for target in statement.targets):
+                return False
+        elif type(statement) is not ast.Expr:
+            return False
+        if purity.check_node(statement.value, namespace) is not None:
+            return False
+    return True
+
+
+def _plain_target(target):
+    if type(target) is ast.Name:
+        return True
+    return type(target) in (ast.Tuple, ast.List) and all(type(item) is ast.Name
+                                                         for item in target.elts)
 
 
 def _with_aliases(reachable, binds):

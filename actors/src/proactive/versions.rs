@@ -2,10 +2,7 @@
 //! read has changed since".
 //!
 //! Every real execution bumps the version of each name it bound, rebound, removed or may
-//! have changed in place, aliases included (the worker's [`CellFacts::touched`]); a cell the
-//! purity guard passes ([`CellFacts::pure`]) changes nothing in place, so only what it bound
-//! moves, and the worker's comparison of the content an answer read (adopt) still stands
-//! between a change the guard missed and a served answer. An execution
+//! have changed in place, aliases included (the worker's [`CellFacts::touched`]). An execution
 //! that says nothing (no facts: it timed out, crashed, or ran without facts), one that could
 //! have touched anything, a rollback, a restore and a crash start a new epoch, which no key
 //! of the old one matches. A speculation keeps a [`Snapshot`] taken when it was sent, so a
@@ -62,10 +59,6 @@ impl VersionTable {
             self.ambient.clone_from(&facts.ambient);
             return self.new_epoch();
         };
-        // A cell the purity guard passes changes nothing in place: what it read keeps its
-        // version, and an answer that read it is still served only if the content of what
-        // it read is the same when the worker compares it (adopt).
-        let touched: &[String] = if facts.pure { &[] } else { touched };
         for name in touched.iter().chain(&facts.binds) {
             self.clock += 1;
             self.names.insert(name.clone(), self.clock);
@@ -163,27 +156,6 @@ mod tests {
         assert!(table.holds(&key), "s is not read");
         table.observe(Some(&facts(&[], Some(&["df"]))), false);
         assert!(!table.holds(&key));
-    }
-
-    #[test]
-    fn a_pure_cell_moves_only_what_it_bound() {
-        let mut table = table();
-        let key = table.snapshot().key(["df"], &[], "a");
-        let pure = CellFacts {
-            pure: true,
-            ..facts(&[], Some(&["df"]))
-        };
-        table.observe(Some(&pure), false);
-        assert!(table.holds(&key), "df.head() changes nothing it reaches");
-        let rebinding = CellFacts {
-            pure: true,
-            ..facts(&["df"], Some(&["df"]))
-        };
-        table.observe(Some(&rebinding), false);
-        assert!(
-            !table.holds(&key),
-            "whatever the guard said, df was bound again"
-        );
     }
 
     #[test]
