@@ -585,6 +585,11 @@ async fn a_child_that_forges_lines_on_its_outcome_pipe_still_ends() {
 /// reference count of one, over some 1,200 pages).
 const TOUCH_FLOATS: &str = "before = faults()\ntotal = sum(floats)\nprint(faults() - before)";
 
+async fn faults_touching_floats(worker: &mut Worker) -> u64 {
+    let printed = ok(worker, TOUCH_FLOATS).await.stdout;
+    printed.trim().parse().unwrap()
+}
+
 #[tokio::test]
 async fn after_a_speculation_the_worker_writes_its_pages_without_faulting() {
     let mut worker = start().await;
@@ -599,12 +604,7 @@ async fn after_a_speculation_the_worker_writes_its_pages_without_faulting() {
     assert_eq!(speculation.ending.as_deref(), Some("finished"));
     // The fork write-protected every page; the worker took them back before it said the
     // child was done, so the sum does not fault on each page it writes.
-    let faults: u64 = ok(&mut worker, TOUCH_FLOATS)
-        .await
-        .stdout
-        .trim()
-        .parse()
-        .unwrap();
+    let faults = faults_touching_floats(&mut worker).await;
     assert!(faults < 100, "{faults} page faults after a speculation");
 }
 
@@ -658,12 +658,7 @@ async fn the_worker_takes_back_its_pages_only_once_the_execute_that_killed_the_c
         "the pages were taken back during the execute"
     );
     assert_eq!(speculation.ending.as_deref(), Some("cancelled"));
-    let faults: u64 = ok(&mut worker, TOUCH_FLOATS)
-        .await
-        .stdout
-        .trim()
-        .parse()
-        .unwrap();
+    let faults = faults_touching_floats(&mut worker).await;
     assert!(
         faults < 100,
         "{faults} page faults: the pages were not taken back after it"
