@@ -63,13 +63,15 @@ class Recorder:
             tree = self.cell.tree
         except (SyntaxError, ValueError):
             tree = None
+        pure = tree is not None and purity.check(self.cell.code, before, tree) is None
         touched = binds
-        if watch.may_mutate and not (tree is not None and _binds_only(tree, before, binds)):
+        # A pure expression that bound nothing passes _binds_only by the same check.
+        if watch.may_mutate and not (pure and not binds) and not (
+                tree is not None and _binds_only(tree, before, binds)):
             reachable = watch.touched()
             touched = None if reachable is None else _with_aliases(reachable, binds)
         reads = sorted({node.id for node in ast.walk(tree)
                         if type(node) is ast.Name and type(node.ctx) is ast.Load}) if tree else []
-        pure = tree is not None and purity.check(self.cell.code, before, tree) is None
         facts = {
             "reads": reads,
             "binds": binds,
