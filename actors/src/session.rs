@@ -67,7 +67,7 @@ pub use proactive::ProactiveSetup;
 use executions::host_error;
 pub(crate) use executions::Queued;
 pub(crate) use serving::ServePath;
-pub use speculation::{PlannedSnippet, Speculate};
+pub use speculation::{Hint, PlannedSnippet, Speculate};
 use state::Durability;
 pub use state::{AutoCheckpoint, DurabilityMode, Inspection, StateSetup};
 pub use work_dir::{GetWorkDir, WorkDir};

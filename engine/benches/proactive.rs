@@ -11,10 +11,8 @@
 //! Both engines speculate whatever the machine's load (`yield_to_load = false`), so that the
 //! bench does not wait on a busy machine for the hint it measures.
 //!
-//! Both engines speculate whatever the machine's load (`yield_to_load = false`), so that the
-//! bench does not wait on a busy machine for the hint it measures.
-//!
-//! Run: `cargo bench -p pyvisor --bench proactive` (`PYVISOR_BENCH_QUICK=1` for a short run).
+//! Run: `cargo bench -p pyvisor --bench proactive` (`PYVISOR_BENCH_QUICK=1` for a short run,
+//! `BENCH_LOG=pyvisor_actors=debug` to see what is planned and speculated, on stderr).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -55,6 +53,12 @@ fn report(name: &str, samples: Vec<Duration>, base: Option<Duration>) -> Duratio
 }
 
 fn main() {
+    if std::env::var_os("BENCH_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("BENCH_LOG"))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let quick = std::env::var_os("PYVISOR_BENCH_QUICK").is_some();
     let rounds = if quick { 100 } else { 1_000 };
     let home = tempfile::TempDir::new().expect("create a temp dir");
@@ -208,13 +212,13 @@ async fn socket(path: &Path, rounds: usize) {
         samples.push(start.elapsed());
     }
     let real = report("Unix socket: real run of the inspection", samples, None);
-    client
-        .call(
+    let hint = || {
+        client.call(
             "session.hint",
             serde_json::json!({"session_id": session, "code": [ASKED]}),
         )
-        .await
-        .expect("hint");
+    };
+    hint().await.expect("hint");
     let asked = ExecuteParams::new(&session, ASKED);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut samples = Vec::with_capacity(rounds);
@@ -225,8 +229,10 @@ async fn socket(path: &Path, rounds: usize) {
         if result.from_cache {
             samples.push(elapsed);
         } else {
-            // Not computed ahead yet: leave the session idle for the predictor.
+            // Not computed ahead yet, and this real run used the hint up: hint it again and
+            // leave the session idle for the predictor.
             assert!(Instant::now() < deadline, "the hint was never served");
+            hint().await.expect("hint");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }

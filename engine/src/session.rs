@@ -8,11 +8,10 @@ use std::time::SystemTime;
 
 use futures::Stream;
 use pyvisor_actors::checkpoint::{CheckpointId, CheckpointInfo};
-use pyvisor_actors::proactive::predictor::Hint;
 use pyvisor_actors::session::{
     CheckpointNow, CheckpointSummary, Close, CloseState, Complete, Completion, Execute,
-    ExecutionTicket, GetInfo, GetWorkDir, Interrupt, ListCheckpoints, Progress, RestoreCheckpoint,
-    RestoreSummary, SendInput, SessionPhase, SessionSnapshot, WorkDir,
+    ExecutionTicket, GetInfo, GetWorkDir, Hint, Interrupt, ListCheckpoints, Progress,
+    RestoreCheckpoint, RestoreSummary, SendInput, SessionPhase, SessionSnapshot, WorkDir,
 };
 use pyvisor_actors::supervisor::{ForkSession, SessionHandle};
 use pyvisor_actors::{ExecuteRequest, ExecutionEvent, ExecutionResult, SessionError};
@@ -180,14 +179,10 @@ impl Session {
     /// answers the request for it if nothing it read has changed. Returns how many snippets
     /// were taken; 0 when the session is not proactive.
     pub async fn hint(&self, code: Vec<String>) -> Result<usize, EngineError> {
-        let Some(predictor) = &self.handle.predictor else {
+        if self.handle.predictor.is_none() {
             return Ok(0);
-        };
-        let hint = Hint {
-            session_id: self.handle.session_id.clone(),
-            code,
-        };
-        Ok(predictor.send(hint).await?)
+        }
+        Ok(self.handle.addr.send(Hint { code }).await?)
     }
 
     /// Whether the engine computes ahead of this session's requests.

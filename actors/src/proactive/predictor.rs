@@ -12,7 +12,7 @@
 //! next request at once (a loop, a script) never waits behind a fork of its worker. A tick
 //! retries idle sessions as the budget refills. Nothing is started while the machine
 //! has more runnable threads than CPUs (foreground work waiting for a CPU), unless told not to
-//! yield. Explicit hints ([`Hint`]) go first.
+//! yield. Explicit hints (`session.hint`, [`SessionEvent::Hinted`]) go first.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -21,11 +21,14 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use super::budget::{ChildOverhead, CpuBudget};
-use super::predict::{normalise, Learned, Prediction, SessionModel, Source, Table, MIN_COST_MS};
+use super::predict::{
+    mentions_any, normalise, Learned, Prediction, SessionModel, Source, Table, MIN_COST_MS,
+};
 use super::schedule::{self, Candidate};
 use super::stats::ProactiveCounters;
 use crate::execution::ExecutionStatus;
 use crate::session::{PlannedSnippet, SessionActor, SessionEvent, Speculate};
+use pyvisor_protocol::CellFacts;
 
 /// Predictions asked of a session's model each time it is idle.
 const PREDICTIONS: usize = 60;
@@ -54,15 +57,6 @@ impl Default for PredictorConfig {
     }
 }
 
-/// Code a caller expects a session to run soon (`session.hint`); replies how many snippets
-/// were taken (0 for a session the predictor does not follow).
-#[derive(Message)]
-#[rtype(result = "usize")]
-pub struct Hint {
-    pub session_id: String,
-    pub code: Vec<String>,
-}
-
 /// What the predictor knows of one session.
 struct Followed {
     model: SessionModel,
@@ -72,6 +66,10 @@ struct Followed {
     speculating: bool,
     /// Normal forms computed for the current state, not to be computed again.
     tried: HashSet<String>,
+    /// Snippets that gave no answer to keep (an error, an answer the worker's checks
+    /// refused): the same again until a real run changes a name they mention, so not
+    /// computed again until then.
+    failed: HashSet<String>,
     /// Predictions scheduled since the last execution: normal form → (source, template).
     pending: HashMap<String, (Source, String)>,
     /// Snippets that ran out of CPU in a child, in this state: normal form → the CPU
@@ -80,6 +78,11 @@ struct Followed {
     cut_off: HashMap<String, f64>,
     /// CPU milliseconds the snippets of the speculation in flight have reported.
     snippets_cpu_ms: f64,
+    /// The ambient token of the last real run's facts: display options, working directory.
+    ambient: String,
+    /// The model's predictions for the current state and history, made once per idle spell
+    /// rather than at every tick (a few milliseconds each, for every idle session).
+    predictions: Option<Vec<Prediction>>,
 }
 
 impl Followed {
@@ -90,9 +93,12 @@ impl Followed {
             idle_since: None,
             speculating: false,
             tried: HashSet::new(),
+            failed: HashSet::new(),
             pending: HashMap::new(),
             cut_off: HashMap::new(),
             snippets_cpu_ms: 0.0,
+            ambient: String::new(),
+            predictions: None,
         }
     }
 }
@@ -144,6 +150,12 @@ impl PredictorActor {
         runnable.is_some_and(|runnable| runnable.saturating_sub(1) > self.cpus)
     }
 
+    /// The most CPU milliseconds the snippets of one child can have: a full bucket, less the
+    /// child's own cost.
+    fn largest_room(&self) -> f64 {
+        self.budget.capacity_ms().min(MAX_GRANT_MS) - self.overhead.ms()
+    }
+
     /// The session took the `planned` snippets (`sent` is `None` when it did not) and sent
     /// `sent` of them to its worker. What it took is tried in this state (an answer that
     /// still holds is not computed again, nor one the cache has no room for) and its outcome
@@ -180,15 +192,29 @@ impl PredictorActor {
             return;
         };
         let normal = normalise(&event.code);
+        followed.predictions = None;
         for (predicted, (source, template)) in followed.pending.drain() {
             let right = normal.as_deref() == Some(predicted.as_str());
             self.learned.record(source, &template, right);
         }
         if event.served_by.is_none() {
             // Ran for real: the state may have changed, and what was computed for the old
-            // one may be computed again.
+            // one may be computed again (answers that still hold come back with the next
+            // idle), unless it failed and reads nothing the run changed.
             followed.tried.clear();
-            followed.cut_off.clear();
+            match changed_names(event.facts.as_deref(), &followed.ambient) {
+                Some(changed) => {
+                    followed.failed.retain(|n| !mentions_any(n, &changed));
+                    followed.cut_off.retain(|n, _| !mentions_any(n, &changed));
+                }
+                None => {
+                    followed.failed.clear();
+                    followed.cut_off.clear();
+                }
+            }
+            if let Some(facts) = &event.facts {
+                followed.ambient.clone_from(&facts.ambient);
+            }
         }
         if let Some(facts) = &event.facts {
             let ok = event.status == ExecutionStatus::Ok;
@@ -207,12 +233,17 @@ impl PredictorActor {
         if !ready || self.machine_busy() {
             return;
         }
+        let largest = self.largest_room();
         let followed = self.sessions.get_mut(session_id).expect("checked above");
+        let (table, learned) = (self.table, &self.learned);
         let predictions = followed
-            .model
-            .predict(self.table, &self.learned, PREDICTIONS);
+            .predictions
+            .get_or_insert_with(|| followed.model.predict(table, learned, PREDICTIONS))
+            .clone();
         let ranked = predictions.iter().map(|p| p.normal.clone()).collect();
-        let mut predictions = untried(predictions, &followed.tried);
+        let mut predictions = untried(predictions, |normal| {
+            followed.tried.contains(normal) || followed.failed.contains(normal)
+        });
         for p in &mut predictions {
             if let Some(&needs) = followed.cut_off.get(&p.normal) {
                 p.cost_ms = p.cost_ms.max(needs);
@@ -248,9 +279,22 @@ impl PredictorActor {
             return; // the tick tries again as the bucket fills
         }
         let plan = schedule::plan(&candidates, room);
+        let plan = schedule::worthwhile(&candidates, &plan, overhead);
         if plan.is_empty() {
-            return;
+            return; // nothing left worth a fork until the session runs something
         }
+        if schedule::worth_waiting(&candidates, plan, largest) {
+            return; // the tick tries again as the bucket fills
+        }
+        tracing::debug!(
+            session = %session_id,
+            probability = plan.iter().map(|&i| predictions[i].probability).sum::<f64>(),
+            planned = ?plan
+                .iter()
+                .map(|&i| (predictions[i].normal.as_str(), predictions[i].probability))
+                .collect::<Vec<_>>(),
+            "speculation planned"
+        );
         let snippets: Vec<PlannedSnippet> = plan
             .iter()
             .map(|&i| PlannedSnippet {
@@ -283,13 +327,19 @@ impl PredictorActor {
     }
 }
 
+/// The names a real run bound or may have changed, from its facts; `None` when anything may
+/// have changed: no facts, names it cannot tell, or other display options or directory than
+/// the run before (`ambient`).
+fn changed_names(facts: Option<&CellFacts>, ambient: &str) -> Option<HashSet<String>> {
+    let facts = facts.filter(|f| f.ambient == ambient)?;
+    let touched = facts.touched.as_ref()?;
+    Some(touched.iter().chain(&facts.binds).cloned().collect())
+}
+
 /// `predictions` without those computed already for this state, except the parents that an
 /// untried prediction builds on; `after` indices are renumbered.
-fn untried(predictions: Vec<Prediction>, tried: &HashSet<String>) -> Vec<Prediction> {
-    let mut keep: Vec<bool> = predictions
-        .iter()
-        .map(|p| !tried.contains(&p.normal))
-        .collect();
+fn untried(predictions: Vec<Prediction>, tried: impl Fn(&str) -> bool) -> Vec<Prediction> {
+    let mut keep: Vec<bool> = predictions.iter().map(|p| !tried(&p.normal)).collect();
     for i in 0..predictions.len() {
         let mut parent = if keep[i] { predictions[i].after } else { None };
         while let Some(p) = parent.filter(|&p| p < predictions.len()) {
@@ -371,7 +421,11 @@ impl Handler<SessionEvent> for PredictorActor {
                     return;
                 };
                 followed.snippets_cpu_ms += speculated.cpu_ms;
-                let template = normalise(&speculated.code)
+                let normal = normalise(&speculated.code);
+                if let (Some(normal), false) = (&normal, speculated.servable) {
+                    followed.failed.insert(normal.clone());
+                }
+                let template = normal
                     .and_then(|normal| followed.pending.get(&normal))
                     .map(|(_, template)| template.clone());
                 if let Some(template) = template {
@@ -387,10 +441,11 @@ impl Handler<SessionEvent> for PredictorActor {
                 cut_off,
             } => {
                 self.budget.spend(Instant::now(), cpu_ms);
+                if let (Some(followed), true) = (self.sessions.get(&session_id), finished) {
+                    self.overhead.observe(cpu_ms, followed.snippets_cpu_ms);
+                }
+                let (overhead, largest) = (self.overhead.ms(), self.largest_room());
                 if let Some(followed) = self.sessions.get_mut(&session_id) {
-                    if finished {
-                        self.overhead.observe(cpu_ms, followed.snippets_cpu_ms);
-                    }
                     followed.speculating = false;
                     for normal in &unrun {
                         followed.tried.remove(normal);
@@ -399,8 +454,6 @@ impl Handler<SessionEvent> for PredictorActor {
                     if let Some(normal) = cut_off {
                         // Planned again with twice the CPU it had, or all a child can have;
                         // a snippet that had that much is left alone.
-                        let overhead = self.overhead.ms();
-                        let largest = self.budget.capacity_ms().min(MAX_GRANT_MS) - overhead;
                         let had = cpu_ms - followed.snippets_cpu_ms - overhead;
                         let needs = followed.cut_off.entry(normal.clone()).or_default();
                         if *needs >= largest {
@@ -413,10 +466,20 @@ impl Handler<SessionEvent> for PredictorActor {
                     }
                 }
             }
+            SessionEvent::Hinted { session_id, code } => {
+                if let Some(followed) = self.sessions.get_mut(&session_id) {
+                    followed.model.hint(code);
+                    followed.predictions = None;
+                    followed.tried.clear();
+                    self.schedule(&session_id, ctx);
+                }
+            }
             SessionEvent::Restored { session_id } => {
                 if let Some(followed) = self.sessions.get_mut(&session_id) {
                     followed.model.forget();
+                    followed.predictions = None;
                     followed.tried.clear();
+                    followed.failed.clear();
                     followed.pending.clear();
                     followed.cut_off.clear();
                 }
@@ -425,26 +488,6 @@ impl Handler<SessionEvent> for PredictorActor {
                 self.sessions.remove(&session_id);
             }
         }
-    }
-}
-
-impl Handler<Hint> for PredictorActor {
-    type Result = usize;
-
-    fn handle(&mut self, msg: Hint, ctx: &mut Context<Self>) -> usize {
-        let session_id: Arc<str> = msg.session_id.into();
-        let Some(followed) = self.sessions.get_mut(&session_id) else {
-            return 0;
-        };
-        let taken = msg
-            .code
-            .iter()
-            .filter(|code| normalise(code).is_some())
-            .count();
-        followed.model.hint(msg.code);
-        followed.tried.clear();
-        self.schedule(&session_id, ctx);
-        taken
     }
 }
 
@@ -474,12 +517,16 @@ mod tests {
     }
 
     fn ran_for_real(session_id: &Arc<str>, code: &str) -> SessionEvent {
+        executed(session_id, code, None)
+    }
+
+    fn executed(session_id: &Arc<str>, code: &str, facts: Option<CellFacts>) -> SessionEvent {
         SessionEvent::Executed(Arc::new(Executed {
             session_id: session_id.clone(),
             execution_id: "e-1".into(),
             code: code.into(),
             status: ExecutionStatus::Ok,
-            facts: None,
+            facts: facts.map(Box::new),
             duration_ms: 1.0,
             served_by: None,
         }))
@@ -529,6 +576,121 @@ mod tests {
         // A real run starts a new state, whose costs are learned again.
         predictor.handle(ran_for_real(&session, "x = 1"), &mut ctx);
         assert!(predictor.sessions[&session].cut_off.is_empty());
+    }
+
+    fn ran_with_facts(
+        session_id: &Arc<str>,
+        binds: &[&str],
+        touched: Option<&[&str]>,
+        ambient: &str,
+    ) -> SessionEvent {
+        let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+        let facts = CellFacts {
+            binds: names(binds),
+            touched: touched.map(names),
+            ambient: ambient.into(),
+            ..CellFacts::default()
+        };
+        executed(session_id, "x = 1", Some(facts))
+    }
+
+    fn speculated(session_id: &Arc<str>, code: &str, servable: bool) -> SessionEvent {
+        SessionEvent::Speculated(Arc::new(crate::session::Speculated {
+            session_id: session_id.clone(),
+            code: code.into(),
+            source: "template",
+            servable,
+            duration_ms: 1.0,
+            cpu_ms: 1.0,
+        }))
+    }
+
+    #[actix::test]
+    async fn what_failed_is_not_computed_again_until_a_real_run_changes_what_it_mentions() {
+        let mut predictor = predictor();
+        let mut ctx = Context::new();
+        let session: Arc<str> = "s-1".into();
+        predictor.handle(ran_with_facts(&session, &[], Some(&[]), "a"), &mut ctx);
+        for (code, servable) in [("df.std()", false), ("x + 1", false), ("df.shape", true)] {
+            predictor.handle(speculated(&session, code, servable), &mut ctx);
+        }
+        let failed = |predictor: &PredictorActor| {
+            let mut failed: Vec<String> = predictor.sessions[&session]
+                .failed
+                .iter()
+                .cloned()
+                .collect();
+            failed.sort();
+            failed
+        };
+        assert_eq!(failed(&predictor), ["df.std()", "x+1"]);
+        predictor.handle(ran_with_facts(&session, &["x"], Some(&[]), "a"), &mut ctx);
+        assert_eq!(failed(&predictor), ["df.std()"]);
+        // Other display options, or names the worker cannot tell: anything may differ.
+        predictor.handle(ran_with_facts(&session, &[], Some(&[]), "b"), &mut ctx);
+        assert!(failed(&predictor).is_empty());
+        predictor.handle(speculated(&session, "df.std()", false), &mut ctx);
+        predictor.handle(ran_with_facts(&session, &["y"], None, "b"), &mut ctx);
+        assert!(failed(&predictor).is_empty());
+    }
+
+    #[actix::test]
+    async fn no_child_is_forked_for_a_plan_too_unlikely_to_serve_anything() {
+        let mut predictor = predictor();
+        let mut ctx = Context::new();
+        let session: Arc<str> = "s-1".into();
+        predictor.handle(ran_for_real(&session, "x = 1"), &mut ctx);
+        predictor.handle(idle(&session, &[]), &mut ctx);
+        let guess = |code: &str, probability: f64| Prediction {
+            code: code.into(),
+            normal: code.into(),
+            source: Source::Template,
+            template: "$0".into(),
+            probability,
+            cost_ms: 1.0,
+            after: None,
+        };
+        let mut plan_for = |predictions: Vec<Prediction>| {
+            let followed = predictor.sessions.get_mut(&session).expect("followed");
+            followed.idle_since = Some(Instant::now() - Duration::from_secs(1));
+            followed.speculating = false;
+            followed.predictions = Some(predictions);
+            predictor.schedule(&session, &mut ctx);
+            predictor.sessions[&session].speculating
+        };
+        let unlikely = schedule::MIN_PLAN_DENSITY;
+        assert!(!plan_for(vec![guess("x", unlikely), guess("y", unlikely)]));
+        assert!(plan_for(vec![guess("x", unlikely), guess("x + 1", 0.1)]));
+    }
+
+    #[actix::test]
+    async fn a_hint_is_used_up_by_a_run_after_it_not_by_one_before() {
+        let mut predictor = predictor();
+        let mut ctx = Context::new();
+        let session: Arc<str> = "s-1".into();
+        let code = "sum(xs) * 3";
+        let hinted = |code: &str| SessionEvent::Hinted {
+            session_id: session.clone(),
+            code: vec![code.into()],
+        };
+        let first = |predictor: &PredictorActor| {
+            let followed = &predictor.sessions[&session];
+            let predictions = followed
+                .model
+                .predict(predictor.table, &predictor.learned, 1);
+            predictions.first().map(|p| (p.source, p.normal.clone()))
+        };
+        // The session tells its events in order: a run of the hinted code before the hint...
+        let ran = || executed(&session, code, Some(CellFacts::default()));
+        predictor.handle(ran(), &mut ctx);
+        predictor.handle(hinted(code), &mut ctx);
+        assert_eq!(first(&predictor), Some((Source::Hint, "sum(xs)*3".into())));
+        // ...leaves it, a run after it uses it up.
+        predictor.handle(ran(), &mut ctx);
+        assert_ne!(
+            first(&predictor).map(|(source, _)| source),
+            Some(Source::Hint)
+        );
     }
 
     #[actix::test]

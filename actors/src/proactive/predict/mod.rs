@@ -33,7 +33,7 @@ pub use evaluate::{evaluate, Coverage};
 pub use learn::{Limits, TableBuilder};
 pub use learned::Learned;
 pub use model::{Context, Observed, SessionModel};
-pub use normal::{is_single_expression, normalise};
+pub use normal::{is_single_expression, mentions_any, normalise};
 pub use prediction::{Prediction, Source, MIN_COST_MS};
 pub use rank::{Features, Ranker, FEATURES, FEATURE_NAMES};
 pub use table::{Followers, Rate, Table};

@@ -5,11 +5,23 @@
 //! (comments and layout inside brackets dropped, plain string literals re-quoted) written
 //! back with only the spaces that keep tokens apart, so it reads back to the same tokens.
 
+use std::collections::HashSet;
+
 use super::tokens::{tokenize, Kind, Token};
 
 /// The canonical form of `code`; `None` when it cannot be tokenized.
 pub fn normalise(code: &str) -> Option<String> {
     tokenize(code).map(|tokens| render(&tokens))
+}
+
+/// Whether `code` mentions any of `names`, as a variable or an attribute; true when it does
+/// not tokenize.
+pub fn mentions_any(code: &str, names: &HashSet<String>) -> bool {
+    tokenize(code).is_none_or(|tokens| {
+        tokens
+            .iter()
+            .any(|t| t.kind == Kind::Name && names.contains(&t.text))
+    })
 }
 
 /// Whether `code` is one expression statement and nothing else (conservative: the worker's
