@@ -533,13 +533,17 @@ mod tests {
     }
 
     fn tried(predictor: &PredictorActor, session_id: &Arc<str>) -> Vec<String> {
-        let mut tried: Vec<String> = predictor.sessions[session_id]
-            .tried
-            .iter()
-            .cloned()
-            .collect();
-        tried.sort();
-        tried
+        sorted(&predictor.sessions[session_id].tried)
+    }
+
+    fn failed(predictor: &PredictorActor, session_id: &Arc<str>) -> Vec<String> {
+        sorted(&predictor.sessions[session_id].failed)
+    }
+
+    fn sorted(names: &HashSet<String>) -> Vec<String> {
+        let mut names: Vec<String> = names.iter().cloned().collect();
+        names.sort();
+        names
     }
 
     fn ended(session_id: &Arc<str>, cpu_ms: f64, unrun: &[&str], cut_off: &str) -> SessionEvent {
@@ -614,24 +618,15 @@ mod tests {
         for (code, servable) in [("df.std()", false), ("x + 1", false), ("df.shape", true)] {
             predictor.handle(speculated(&session, code, servable), &mut ctx);
         }
-        let failed = |predictor: &PredictorActor| {
-            let mut failed: Vec<String> = predictor.sessions[&session]
-                .failed
-                .iter()
-                .cloned()
-                .collect();
-            failed.sort();
-            failed
-        };
-        assert_eq!(failed(&predictor), ["df.std()", "x+1"]);
+        assert_eq!(failed(&predictor, &session), ["df.std()", "x+1"]);
         predictor.handle(ran_with_facts(&session, &["x"], Some(&[]), "a"), &mut ctx);
-        assert_eq!(failed(&predictor), ["df.std()"]);
+        assert_eq!(failed(&predictor, &session), ["df.std()"]);
         // Other display options, or names the worker cannot tell: anything may differ.
         predictor.handle(ran_with_facts(&session, &[], Some(&[]), "b"), &mut ctx);
-        assert!(failed(&predictor).is_empty());
+        assert!(failed(&predictor, &session).is_empty());
         predictor.handle(speculated(&session, "df.std()", false), &mut ctx);
         predictor.handle(ran_with_facts(&session, &["y"], None, "b"), &mut ctx);
-        assert!(failed(&predictor).is_empty());
+        assert!(failed(&predictor, &session).is_empty());
     }
 
     #[actix::test]
