@@ -33,7 +33,7 @@ pub struct Speculate {
 
 /// Code the caller expects the session to run soon (`session.hint`), published to the
 /// session's subscribers after the executions before it; replies how many snippets the
-/// predictor can take (0 for a session without proactive computation).
+/// predictor can take (0 for a session without proactive computation, or closed).
 #[derive(Message)]
 #[rtype(result = "usize")]
 pub struct Hint {
@@ -227,7 +227,7 @@ impl Handler<Hint> for SessionActor {
     type Result = usize;
 
     fn handle(&mut self, msg: Hint, _: &mut Context<Self>) -> usize {
-        if self.proactive.is_none() {
+        if self.proactive.is_none() || matches!(self.state, State::Closed) {
             return 0;
         }
         let taken = msg.code.iter().filter(|c| normalise(c).is_some()).count();

@@ -150,6 +150,16 @@ async fn hinted_code_is_answered_from_speculation() {
 }
 
 #[tokio::test]
+async fn a_closed_session_takes_no_hint() {
+    let engine = engine().await;
+    let (session, _twin) = sessions(&engine).await;
+    let other = session.clone();
+    within(session.close()).await.unwrap();
+    let taken = within(other.hint(vec!["1 + 1".into()])).await.unwrap();
+    assert_eq!(taken, 0);
+}
+
+#[tokio::test]
 async fn a_session_speculates_no_more_than_the_cache_keeps_for_it() {
     let engine = engine().await;
     let session = engine.create_session(Default::default()).await.unwrap();
