@@ -212,29 +212,39 @@ async fn socket(path: &Path, rounds: usize) {
         samples.push(start.elapsed());
     }
     let real = report("Unix socket: real run of the inspection", samples, None);
-    let hint = || {
-        client.call(
+    client
+        .call(
             "session.hint",
             serde_json::json!({"session_id": session, "code": [ASKED]}),
         )
-    };
-    hint().await.expect("hint");
-    let asked = ExecuteParams::new(&session, ASKED);
+        .await
+        .expect("hint");
     let deadline = Instant::now() + Duration::from_secs(60);
+    let computed = normalise(ASKED).expect("the inspection tokenizes");
+    loop {
+        let info = client.info(&session).await.expect("info");
+        let proactive = info.proactive.expect("a proactive session");
+        if proactive.ahead.contains(&computed) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hint was never computed: ahead {:?}, speculating {:?}",
+            proactive.ahead,
+            proactive.speculating
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let asked = ExecuteParams::new(&session, ASKED);
     let mut samples = Vec::with_capacity(rounds);
-    while samples.len() < rounds {
+    for _ in 0..rounds {
         let start = Instant::now();
         let result = client.execute(asked.clone()).await.expect("execute");
-        let elapsed = start.elapsed();
-        if result.from_cache {
-            samples.push(elapsed);
-        } else {
-            // Not computed ahead yet, and this real run used the hint up: hint it again and
-            // leave the session idle for the predictor.
-            assert!(Instant::now() < deadline, "the hint was never served");
-            hint().await.expect("hint");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        samples.push(start.elapsed());
+        assert!(
+            result.from_cache,
+            "a request computed ahead was run for real"
+        );
     }
     let hit = report("Unix socket: hit", samples, None);
     println!(

@@ -340,10 +340,10 @@ pub struct SessionInfo {
     /// absent without cgroup CPU accounting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_s: Option<f64>,
-    /// The session's share of `engine.stats` `proactive` (`cache_bytes` is 0); absent
-    /// when the session is not proactive.
+    /// The session's share of `engine.stats` `proactive` (`cache_bytes` is 0) and what is
+    /// computed ahead of it now; absent when the session is not proactive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub proactive: Option<ProactiveStats>,
+    pub proactive: Option<SessionProactive>,
     /// How the session's worker is confined (docs/security.md).
     #[serde(default)]
     pub sandbox: SandboxInfo,
@@ -360,6 +360,21 @@ pub struct SessionInfo {
     /// The cluster node that answered (docs/cluster.md); absent on a single node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+}
+
+/// `proactive` of `session.info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionProactive {
+    /// The session's share of the figures.
+    #[serde(flatten)]
+    pub stats: ProactiveStats,
+    /// Normal forms of the code whose answers are computed ahead and would serve a request
+    /// now, sorted.
+    #[serde(default)]
+    pub ahead: Vec<String>,
+    /// The code a speculative child of the worker is computing now.
+    #[serde(default)]
+    pub speculating: Vec<String>,
 }
 
 /// One definition of `session.info`.

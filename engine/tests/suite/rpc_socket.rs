@@ -298,21 +298,34 @@ async fn hinted_code_is_served_ahead_and_bad_hints_are_invalid_params() {
         )
         .await;
     assert_eq!(hinted["accepted"], 1, "{hinted}");
-    let mut served = None;
+    // `session.info` lists what is computed ahead: wait for the hinted code there, then
+    // its request is answered from the cache.
+    let mut listed = Value::Null;
     for _ in 0..300 {
-        let answer = execute(&mut conn, &session, "sum(xs) * 2").await;
-        assert_eq!(answer["result"]["repr"], "90");
-        if answer["from_cache"] == true {
-            served = Some(answer);
+        let info = conn
+            .call("session.info", json!({"session_id": session}))
+            .await;
+        listed = info["proactive"].clone();
+        if listed["ahead"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("sum(xs)*2"))
+        {
             break;
         }
-        // Not computed yet: leave the session idle for the predictor.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        served.is_some(),
-        "the hinted code was never served from speculation"
+        listed["ahead"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("sum(xs)*2")),
+        "the hinted code was never computed ahead: {listed}"
     );
+    assert!(listed["speculating"].is_array(), "{listed}");
+    let answer = execute(&mut conn, &session, "sum(xs) * 2").await;
+    assert_eq!(answer["result"]["repr"], "90");
+    assert_eq!(answer["from_cache"], true, "{answer}");
     let real = conn
         .call(
             "session.execute",

@@ -66,7 +66,11 @@ pub(super) async fn session_info(session: &Session) -> Result<wire::SessionInfo,
             failure: snapshot.durability.failure,
         },
         cpu_s: snapshot.cpu_s,
-        proactive: snapshot.proactive,
+        proactive: snapshot.proactive.map(|stats| wire::SessionProactive {
+            stats,
+            ahead: snapshot.ahead,
+            speculating: snapshot.speculating,
+        }),
         sandbox: snapshot
             .sandbox
             .map(|applied| wire::SandboxInfo {
