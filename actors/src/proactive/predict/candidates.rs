@@ -2,7 +2,7 @@
 //! (what follows the last cell, what follows binding or changing an object, what sessions
 //! run on objects like these), and its own history, ranked by expected saving.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::chain::{drop_key, drop_key_general, drop_key_shape, join, kept_columns, split};
 use super::learned::Learned;
@@ -11,7 +11,7 @@ use super::normal::render;
 use super::normal::{normalise, single_expression};
 use super::prediction::{Prediction, Source};
 use super::rank::Features;
-use super::syntax::assigned;
+use super::syntax::{assigned, mutated};
 use super::table::Table;
 use super::template::{
     absolute, attribute_columns, instantiate, instantiate_tokens, slots, Filling, Slot,
@@ -64,6 +64,9 @@ impl Default for Partial {
 #[derive(Default)]
 pub(super) struct Pool {
     entries: HashMap<String, Entry>,
+    /// Guesses that change an object in place (`df.drop(columns='a', inplace=True)`): no
+    /// speculation of them could ever be served, so none is pooled.
+    in_place: HashSet<String>,
 }
 
 struct Entry {
@@ -83,6 +86,15 @@ impl Pool {
         p: f64,
         cost_ms: f64,
     ) {
+        if self.in_place.contains(&code) {
+            return;
+        }
+        if !self.entries.contains_key(&code)
+            && tokenize(&code).is_some_and(|tokens| !mutated(&tokens).is_empty())
+        {
+            self.in_place.insert(code);
+            return;
+        }
         let entry = self.entries.entry(code.clone()).or_insert_with(|| Entry {
             code,
             template,

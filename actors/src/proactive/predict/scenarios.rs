@@ -229,3 +229,31 @@ fn the_ranker_puts_the_frame_just_read_before_the_one_looked_at_earlier() {
     let new_ones = top.iter().take_while(|c| c.starts_with("returns")).count();
     assert!(new_ones >= 6, "the frame just read comes first: {top:?}");
 }
+
+#[test]
+fn what_changes_an_object_in_place_is_never_offered() {
+    let mut model = loaded();
+    let drop = "sales.drop(columns='units', inplace=True)";
+    model.observe(drop, &facts(&["sales"], vec![sales()]), true);
+    // The table says the cell is followed by itself and by a variant of it, and what
+    // follows any cell may be such a call too.
+    let mut table = Table::default();
+    let inplace = Followers {
+        total: 10,
+        distinct: 3,
+        top: vec![
+            (".drop(columns=$c0,inplace=True)".to_string(), 4),
+            (".dropna(inplace=True)".to_string(), 3),
+            (".shape".to_string(), 3),
+        ],
+    };
+    table.chain.insert("-0:*".to_string(), inplace.clone());
+    table.chain.insert("-1:*".to_string(), inplace);
+    let predictions = model.predict(&table, &Learned::new(), 200);
+    let offered = codes(&predictions);
+    assert!(offered.contains(&"sales.shape"), "{offered:?}");
+    assert!(
+        offered.iter().all(|code| !code.contains("inplace")),
+        "the worker never serves these: {offered:?}"
+    );
+}
