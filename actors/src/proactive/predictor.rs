@@ -467,12 +467,15 @@ impl Handler<SessionEvent> for PredictorActor {
                 }
             }
             SessionEvent::Hinted { session_id, code } => {
-                if let Some(followed) = self.sessions.get_mut(&session_id) {
-                    followed.model.hint(code);
-                    followed.predictions = None;
-                    followed.tried.clear();
-                    self.schedule(&session_id, ctx);
-                }
+                // A session that has run nothing yet is first heard of by its hint.
+                let followed = self
+                    .sessions
+                    .entry(session_id.clone())
+                    .or_insert_with(Followed::new);
+                followed.model.hint(code);
+                followed.predictions = None;
+                followed.tried.clear();
+                self.schedule(&session_id, ctx);
             }
             SessionEvent::Restored { session_id } => {
                 if let Some(followed) = self.sessions.get_mut(&session_id) {

@@ -76,9 +76,9 @@ impl VersionTable {
         self.names.clear();
     }
 
-    /// The ambient token of the last execution.
-    pub fn ambient(&self) -> &str {
-        &self.ambient
+    /// The worker's surroundings are known to have the ambient token `ambient` now.
+    pub fn surroundings_are(&mut self, ambient: &str) {
+        ambient.clone_into(&mut self.ambient);
     }
 
     /// The versions now, for a speculation about to be sent.

@@ -125,6 +125,12 @@ impl SessionActor {
             status = ?outcome.status,
             "snippet speculated"
         );
+        if index == 0 && proactive.real_runs == flight.forked_at && !outcome.ambient.is_empty() {
+            // The child's first snippet saw the surroundings (display options and the like)
+            // as the worker had them at the fork and, nothing having run since, has them now.
+            // A session that has run nothing yet has no facts to know them from.
+            proactive.versions.surroundings_are(&outcome.ambient);
+        }
         let binds = outcome.binds.clone();
         if outcome.servable && outcome.status == WorkerStatus::Ok {
             let key = flight.snapshot.key(
@@ -226,12 +232,15 @@ impl SessionActor {
 impl Handler<Hint> for SessionActor {
     type Result = usize;
 
-    fn handle(&mut self, msg: Hint, _: &mut Context<Self>) -> usize {
+    fn handle(&mut self, msg: Hint, ctx: &mut Context<Self>) -> usize {
         if self.proactive.is_none() || matches!(self.state, State::Closed) {
             return 0;
         }
         let taken = msg.code.iter().filter(|c| normalise(c).is_some()).count();
         self.publish_hint(msg.code);
+        // An idle session is speculated on only after it says so, which one that has run
+        // nothing yet never did.
+        self.publish_idle(ctx);
         taken
     }
 }

@@ -150,6 +150,14 @@ async fn hinted_code_is_answered_from_speculation() {
 }
 
 #[tokio::test]
+async fn a_hint_to_a_session_that_ran_nothing_yet_is_computed() {
+    let engine = engine().await;
+    let session = engine.create_session(Default::default()).await.unwrap();
+    computed_ahead(&session, &["sum(range(10))"]).await;
+    assert!(run(&session, "sum(range(10))").await.from_cache);
+}
+
+#[tokio::test]
 async fn a_closed_session_takes_no_hint() {
     let engine = engine().await;
     let (session, _twin) = sessions(&engine).await;
