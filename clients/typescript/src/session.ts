@@ -122,7 +122,18 @@ export class Session {
     return this.connection.call<ForkResult>("session.fork", params);
   }
 
-  /** `session.info`: state, variables, durability, limits, sandbox. */
+  /**
+   * `session.hint`: code the caller expects to run soon, computed ahead while the session is
+   * idle (at most 64 snippets; a call replaces the earlier hints). Resolves to how many
+   * snippets were taken: 0 for a session without proactive computation. `info()` lists in
+   * `proactive.ahead` what is computed and would answer now.
+   */
+  async hint(code: string[]): Promise<number> {
+    const reply = await this.connection.call<{ accepted: number }>("session.hint", { session_id: this.id, code });
+    return reply.accepted;
+  }
+
+  /** `session.info`: state, variables, durability, limits, sandbox, what is computed ahead. */
   info(): Promise<Record<string, unknown>> {
     return this.connection.call("session.info", { session_id: this.id });
   }

@@ -1,7 +1,8 @@
 // Every transport against a real daemon: the Unix socket, a child `pyvisor serve --stdio`
 // (chosen by `auto` when no socket answers), and HTTP + WebSocket with a token. Each runs the
 // same checks: state between runs, streamed output in order, input(), an AbortSignal that
-// interrupts, checkpoint and restore, typed errors, Symbol.asyncDispose, and fork.
+// interrupts, checkpoint and restore, typed errors, Symbol.asyncDispose, hints computed
+// ahead, and fork.
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
@@ -75,6 +76,22 @@ for (const name of ["socket", "stdio", "http"]) {
       assert.equal((await again.run("kept")).result.repr, "'before'");
       await session.close();
       await assert.rejects(client.session("s-does-not-exist"), UnknownSession);
+    });
+
+    test("a hinted cell is computed ahead and answered from it", async () => {
+      const session = await client.createSession();
+      await session.run("xs = list(range(10))");
+      assert.equal(await session.hint(["sum(xs) * 2", "not python ("]), 1);
+      await waitFor(
+        async () => ((await session.info()).proactive?.ahead ?? []).includes("sum(xs)*2"),
+        30_000,
+        "the hint to be computed ahead",
+      );
+      const answer = await session.run("sum(xs) * 2");
+      assert.equal(answer.result.repr, "90");
+      assert.equal(answer.from_cache, true, JSON.stringify(answer));
+      await assert.rejects(session.hint(Array(65).fill("1")), (err) => err.code === -32602);
+      await session.close();
     });
 
     test("fork makes clones that start from the source and diverge", async () => {

@@ -30,7 +30,7 @@ export async function waitFor(condition, limitMs, what) {
 export function home(config = "") {
   const dir = mkdtempSync(join(tmpdir(), "pyvisor-node-"));
   for (const name of ["run", "config/pyvisor", "state", "cache"]) mkdirSync(join(dir, name), { recursive: true });
-  writeFileSync(join(dir, "config/pyvisor/config.toml"), "[pool]\nmin_idle = 1\n" + config);
+  writeFileSync(join(dir, "config/pyvisor/config.toml"), "[pool]\nmin_idle = 1\n[proactive]\nyield_to_load = false\n" + config);
   const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith("PYVISOR_")));
   Object.assign(env, {
     HOME: dir,
