@@ -37,7 +37,7 @@ class Daemon:
         binary = os.environ.get("PYVISOR_BIN") or str(REPO / "target" / "debug" / "pyvisor")
         for name in ("run", "config/pyvisor", "state", "cache"):
             (home / name).mkdir(parents=True, exist_ok=True)
-        (home / "config" / "pyvisor" / "config.toml").write_text("[pool]\nmin_idle = 1\n")
+        (home / "config" / "pyvisor" / "config.toml").write_text("[pool]\nmin_idle = 1\n[proactive]\nyield_to_load = false\n")
         env = {name: value for name, value in os.environ.items()
                if not name.startswith("PYVISOR_")}
         env.update(HOME=str(home), XDG_RUNTIME_DIR=str(home / "run"),

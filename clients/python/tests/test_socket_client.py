@@ -1,8 +1,9 @@
 """The synchronous socket client against a real daemon: state, streaming, input(), the
-typed errors of bad calls, timeouts, interrupts, checkpoints and the context managers."""
+typed errors of bad calls, timeouts, interrupts, checkpoints, hints and the context managers."""
 
 import base64
 import threading
+import time
 
 import pytest
 
@@ -31,6 +32,20 @@ def test_streamed_output_arrives_in_order_through_the_callbacks(session):
     assert ("err", "two\n") in chunks
     # Streamed output is in the result too.
     assert result.stdout == "one\nthree\n"
+
+
+def test_a_hinted_cell_is_computed_ahead_and_answered_from_the_cache(session):
+    session.run("xs = list(range(10))")
+    assert session.hint(["sum(xs) * 2", "not python ("]) == 1
+    deadline = time.monotonic() + 30
+    while "sum(xs)*2" not in session.info()["proactive"]["ahead"]:
+        assert time.monotonic() < deadline, "the hint was never computed ahead"
+        time.sleep(0.02)
+    result = session.run("sum(xs) * 2")
+    assert result.value == "90"
+    assert result.from_cache
+    with pytest.raises(InvalidParams):
+        session.hint(["1"] * 65)
 
 
 def test_display_reaches_on_display_as_png(session):
