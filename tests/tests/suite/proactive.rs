@@ -158,6 +158,23 @@ async fn a_hint_to_a_session_that_ran_nothing_yet_is_computed() {
 }
 
 #[tokio::test]
+async fn a_named_session_back_from_its_checkpoint_takes_a_hint_before_it_runs_anything() {
+    let engine = engine().await;
+    let named = || SessionOptions {
+        name: Some("kept".to_owned()),
+        ..SessionOptions::default()
+    };
+    let session = engine.create_session(named()).await.unwrap();
+    ok(&session, "xs = [3, 1, 2]").await;
+    within(session.close_with_checkpoint()).await.unwrap();
+    let back = engine.create_session(named()).await.unwrap();
+    computed_ahead(&back, &["sorted(xs)"]).await;
+    let answer = run(&back, "sorted(xs)").await;
+    assert!(answer.from_cache, "{answer:?}");
+    assert_eq!(answer.result.unwrap().repr, "[1, 2, 3]");
+}
+
+#[tokio::test]
 async fn a_closed_session_takes_no_hint() {
     let engine = engine().await;
     let (session, _twin) = sessions(&engine).await;
