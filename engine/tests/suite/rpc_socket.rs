@@ -300,26 +300,25 @@ async fn hinted_code_is_served_ahead_and_bad_hints_are_invalid_params() {
     assert_eq!(hinted["accepted"], 1, "{hinted}");
     // `session.info` lists what is computed ahead: wait for the hinted code there, then
     // its request is answered from the cache.
+    let computed = |proactive: &Value| {
+        proactive["ahead"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("sum(xs)*2"))
+    };
     let mut listed = Value::Null;
     for _ in 0..300 {
         let info = conn
             .call("session.info", json!({"session_id": session}))
             .await;
         listed = info["proactive"].clone();
-        if listed["ahead"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("sum(xs)*2"))
-        {
+        if computed(&listed) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        listed["ahead"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("sum(xs)*2")),
+        computed(&listed),
         "the hinted code was never computed ahead: {listed}"
     );
     assert!(listed["speculating"].is_array(), "{listed}");
